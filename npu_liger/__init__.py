@@ -1,0 +1,12 @@
+"""npu-liger: Liger-Kernel's Ascend-NPU Triton kernels as first-class PyTorch operators.
+
+Importing the package defines ``torch.ops.npu_liger.*`` (eager, autograd, ``torch.compile(fullgraph=True)``)
+and exposes the functional API (``npu_liger.geglu(a, b)``, ...). Nothing here touches a device driver.
+"""
+
+from . import nn, registrations, tiling
+
+globals().update(registrations.FUNCTIONAL_API)
+
+__version__ = "0.1.0"
+__all__ = ["nn", "tiling", "__version__", *sorted(registrations.FUNCTIONAL_API)]

@@ -1,0 +1,72 @@
+"""What every kernel file shares: portable math helpers and the checks a launcher runs before launching.
+
+Portability rules (DESIGN.md §3): 1-D grids with stride loops, fp32 arithmetic inside kernels and a cast on
+store, int64 offsets, no fp64/fp8, masks for padded extents, and math through the helpers below rather
+than ``tl.math``/``libdevice`` names that differ between community Triton and triton-ascend (write tanh as
+``2 * tl.sigmoid(2 * x) - 1``, or better, rearrange so the sigmoid is used directly).
+
+Two Triton-interpreter quirks every kernel must respect (the CPU backend runs the interpreter):
+- write ``tensor * CONSTANT``, not ``CONSTANT * tensor``, for ``tl.constexpr`` globals (the interpreter turns
+  the latter into a constexpr that has no ``.to``);
+- ``@triton.jit`` helpers return one value, never a tuple.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def program_start(BLOCK: tl.constexpr):
+    """int64 offset of this program's first block in a 1-D grid-stride loop."""
+    return tl.program_id(0).to(tl.int64) * BLOCK
+
+
+@triton.jit
+def grid_stride(BLOCK: tl.constexpr):
+    """int64 distance between a program's consecutive blocks (num_programs * BLOCK can pass 2**31)."""
+    # `program_id * 0 +` makes a tensor on every flavour: the interpreter returns num_programs as a constexpr.
+    return (tl.program_id(0) * 0 + tl.num_programs(0)).to(tl.int64) * BLOCK
+
+
+def interpreter_enabled() -> bool:
+    """Whether this process's kernels were defined for the Triton interpreter (decided when triton.jit ran)."""
+    return type(program_start).__name__ == "InterpretedFunction"
+
+
+def require_launchable(device: torch.device) -> None:
+    """CPU tensors run through the Triton interpreter, which must be chosen before triton.jit runs."""
+    if device.type == "cpu" and not interpreter_enabled():
+        raise RuntimeError(
+            "npu_liger runs CPU tensors through the Triton interpreter: set TRITON_INTERPRET=1 in the "
+            "environment before importing triton or npu_liger (current value: "
+            f"{os.environ.get('TRITON_INTERPRET')!r}). CUDA and NPU tensors need it unset."
+        )
+
+
+def check_float_tensor(name: str, tensor: torch.Tensor) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {tensor.dtype}")
+
+
+def check_same_layout(name: str, tensor: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """``tensor`` must match ``ref`` in shape, dtype and device (the usual elementwise-pair contract)."""
+    if tensor.shape != ref.shape:
+        raise ValueError(f"{name} must have the shape of {ref_name} {tuple(ref.shape)}, got {tuple(tensor.shape)}")
+    if tensor.dtype != ref.dtype:
+        raise TypeError(f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {tensor.dtype}")
+    if tensor.device != ref.device:
+        raise RuntimeError(f"{name} must be on the device of {ref_name} ({ref.device}), got {tensor.device}")
+
+
+def flat(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous 1-D view of ``tensor`` (copying only when the input is not contiguous)."""
+    return tensor.contiguous().view(-1)

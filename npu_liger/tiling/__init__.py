@@ -1,0 +1,20 @@
+"""Where tiles and grids come from: the UB manager, the Ascend chip table and the per-backend launch policy.
+Knows nothing of any op."""
+
+from .chips import ASCEND_CHIPS, AscendChip, emulated_chip, get_chip
+from .launch import LaunchPlan, TileRequest, plan_launch
+from .ub_manager import UBManager, compute_default_tiling_strategy, get_ub_manager, reset_ub_manager
+
+__all__ = [
+    "ASCEND_CHIPS",
+    "AscendChip",
+    "LaunchPlan",
+    "TileRequest",
+    "UBManager",
+    "compute_default_tiling_strategy",
+    "emulated_chip",
+    "get_chip",
+    "get_ub_manager",
+    "plan_launch",
+    "reset_ub_manager",
+]

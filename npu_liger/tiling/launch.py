@@ -1,0 +1,124 @@
+"""Per-backend launch policy: block sizes and grid for a kernel's memory analysis and problem size.
+
+A kernel describes itself with a ``TileRequest`` (its memory multiplier, the shapes it tiles and which dims
+may be tiled, the element size). ``plan_launch(device, request)`` turns that into a ``LaunchPlan``:
+
+==========  ======================================================  ================================
+backend     tiles                                                   grid (``plan.grid(num_tasks)``)
+==========  ======================================================  ================================
+``npu``     UB manager of the attached chip (``get_ub_manager()``)  min(tasks, vector cores, 65535)
+``cpu``     UB manager of the emulated chip (``chips.py``)          min(tasks, emulated vector cores)
+``cuda``    the same formula against a per-program tile budget      one program per task
+==========  ======================================================  ================================
+
+Plans are computed at dispatch time (never while tracing) and memoised, so a launch costs a dict lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .chips import emulated_chip
+from .ub_manager import TilingDim, UBManager, compute_default_tiling_strategy, get_ub_manager
+
+NPU_MAX_GRID = 65535  # triton-ascend rejects larger 1-D grids
+CUDA_MAX_GRID = 2**31 - 1
+# Bytes of live tile data one CUDA program may hold (the GPU analogue of the UB): large enough for
+# 16-byte vector accesses on every thread of 4-16 warps, small enough to stay in registers.
+CUDA_TILE_BUDGET_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class TileRequest:
+    """A kernel's memory analysis, in the UB manager's terms (see ``ub_manager.py``)."""
+
+    memory_multiplier: float
+    shapes: Tuple[Tuple[int, ...], ...]
+    tiling_dims: Tuple[TilingDim, ...]
+    dtype_size: int
+    safety_margin: float = 0.80
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    backend: str  # "npu", "cuda" or "cpu" (emulated NPU)
+    tiles: Tuple[Tuple[int, ...], ...]  # same structure as TileRequest.shapes
+    max_programs: Optional[int]  # persistent-grid cap; None = one program per task
+    num_warps: Optional[int]  # CUDA only
+    chip: Optional[str] = None
+    ub_bytes: Optional[int] = None
+
+    @property
+    def block(self) -> int:
+        """The first tiled size of the first shape: the BLOCK of a single-shape kernel."""
+        return self.tiles[0][0]
+
+    def grid(self, num_tasks: int) -> int:
+        """Programs to launch for ``num_tasks`` independent tiles; kernels stride over the rest."""
+        cap = self.max_programs if self.max_programs is not None else CUDA_MAX_GRID
+        return max(1, min(int(num_tasks), cap))
+
+    def launch_options(self) -> dict:
+        """Extra keyword arguments for ``kernel[grid](...)`` on this backend."""
+        return {"num_warps": self.num_warps} if self.num_warps is not None else {}
+
+
+def backend_of(device_type: str) -> str:
+    if device_type == "cuda":
+        return "cuda"
+    if device_type == "cpu":
+        return "cpu"
+    return "npu"  # the PrivateUse1 backend torch_npu registers
+
+
+def plan_launch(device_type: str, request: TileRequest) -> LaunchPlan:
+    backend = backend_of(device_type)
+    if backend == "cuda":
+        return _plan_cuda(request)
+    if backend == "cpu":
+        chip = emulated_chip()
+        return _plan_ascend(request, "cpu", chip.name, chip.ub_bits, chip.vector_cores)
+    manager = get_ub_manager()
+    return _plan_ascend(request, "npu", manager.npu_model, manager.ub_capacity_bits, npu_vector_core_count())
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_ascend(request: TileRequest, backend: str, chip: str, ub_bits: int, vector_cores: int) -> LaunchPlan:
+    tiles = _tiles(request, UBManager(ub_capacity_bits=ub_bits, npu_model=chip))
+    return LaunchPlan(backend, tiles, min(vector_cores, NPU_MAX_GRID), None, chip, ub_bits // 8)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_cuda(request: TileRequest) -> LaunchPlan:
+    manager = UBManager(ub_capacity_bits=CUDA_TILE_BUDGET_BYTES * 8, npu_model="cuda")
+    tiles = _tiles(request, manager)
+    elements = 1
+    for size in tiles[0]:
+        elements *= size
+    num_warps = 4 if elements <= 2048 else 8 if elements <= 8192 else 16
+    return LaunchPlan("cuda", tiles, None, num_warps)
+
+
+def _tiles(request: TileRequest, manager: UBManager) -> Tuple[Tuple[int, ...], ...]:
+    tiles = compute_default_tiling_strategy(
+        safety_margin=request.safety_margin,
+        dtype_size=request.dtype_size,
+        memory_multiplier=request.memory_multiplier,
+        shapes=request.shapes,
+        tiling_dims=request.tiling_dims,
+        ub_manager=manager,
+    )
+    if tiles is None:
+        raise ValueError(f"invalid tile request {request!r}: shapes and tiling_dims must be non-empty and match")
+    return tiles
+
+
+@functools.lru_cache(maxsize=None)
+def npu_vector_core_count(device_index: int = 0) -> int:
+    """Vector cores of the attached NPU, from the triton-ascend driver (first launch only, then cached)."""
+    import triton
+
+    properties = triton.runtime.driver.active.utils.get_device_properties(device_index)
+    return int(properties["num_vectorcore"])

@@ -1,0 +1,50 @@
+"""Test configuration: the device under test and the hypothesis profiles.
+
+The device comes from ``--device`` or ``NPU_LIGER_TEST_DEVICE`` (default ``cpu``). CPU runs use the Triton
+interpreter, which must be switched on before triton is first imported, i.e. before anything below.
+"""
+
+import os
+import sys
+
+_device_from_argv = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--device=")), None)
+DEVICE = _device_from_argv or os.environ.get("NPU_LIGER_TEST_DEVICE", "cpu")
+os.environ["NPU_LIGER_TEST_DEVICE"] = DEVICE
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+if DEVICE == "npu":
+    import torch_npu  # noqa: F401
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ci",  # the CPU interpreter: few examples, no deadline (the first call of a shape compiles nothing but is slow)
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=False,
+)
+settings.register_profile("gpu", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if DEVICE == "cpu" else "gpu"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default=None, help="device to test on: cpu (Triton interpreter), cuda or npu")
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+@pytest.fixture
+def small_ub(monkeypatch):
+    """Shrink the emulated UB (CPU runs only) so every tiling loop takes several iterations."""
+    if DEVICE != "cpu":
+        pytest.skip("the emulated UB only exists on CPU runs")
+
+    def shrink(ub_bytes: int):
+        monkeypatch.setenv("NPU_LIGER_EMULATED_UB_BYTES", str(ub_bytes))
+
+    return shrink

@@ -1,0 +1,122 @@
+"""The launch policy per backend, the emulated chip table, and how the ops are registered."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import npu_liger
+from npu_liger.tiling import ASCEND_CHIPS, TileRequest, emulated_chip, get_chip, plan_launch
+from npu_liger.tiling import launch
+
+ELEMENTWISE = TileRequest(4.0, ((1 << 24,),), (0,), 4)
+
+
+def test_chip_table_covers_the_families():
+    for name in ["Ascend910B1", "Ascend910B2", "Ascend910B3", "Ascend910B4", "Ascend910_9392", "Ascend950"]:
+        chip = get_chip(name)
+        assert chip.ub_bytes > 0 and chip.vector_cores > 0
+    assert get_chip("Ascend910B3").ub_bytes == 196608 and get_chip("Ascend910B3").vector_cores == 40
+    with pytest.raises(ValueError, match="unknown Ascend chip"):
+        get_chip("Ascend310P9")
+
+
+def test_emulated_chip_is_selectable(monkeypatch):
+    monkeypatch.delenv("NPU_LIGER_EMULATED_CHIP", raising=False)
+    monkeypatch.delenv("NPU_LIGER_EMULATED_UB_BYTES", raising=False)
+    assert emulated_chip().name == "Ascend910B3"
+    monkeypatch.setenv("NPU_LIGER_EMULATED_CHIP", "Ascend910B1")
+    assert plan_launch("cpu", ELEMENTWISE).max_programs == 48
+    monkeypatch.setenv("NPU_LIGER_EMULATED_UB_BYTES", "oops")
+    with pytest.raises(ValueError, match="NPU_LIGER_EMULATED_UB_BYTES"):
+        emulated_chip()
+
+
+def test_cpu_plan_is_the_npu_plan_of_the_emulated_chip(monkeypatch):
+    monkeypatch.delenv("NPU_LIGER_EMULATED_UB_BYTES", raising=False)
+    for name, chip in ASCEND_CHIPS.items():
+        monkeypatch.setenv("NPU_LIGER_EMULATED_CHIP", name)
+        plan = plan_launch("cpu", ELEMENTWISE)
+        safe_elements = chip.ub_bytes * 0.8 / (4.0 * 4)
+        assert plan.block <= safe_elements < 2 * plan.block, name
+        assert plan.backend == "cpu" and plan.chip == name and plan.ub_bytes == chip.ub_bytes
+        assert plan.grid(10**9) == chip.vector_cores and plan.grid(3) == 3 and plan.grid(0) == 1
+        assert plan.launch_options() == {}
+
+
+def test_npu_plan_uses_ub_manager_and_driver_cores(monkeypatch):
+    from npu_liger.tiling import reset_ub_manager
+
+    monkeypatch.setenv("ASCEND_UB_CAPACITY_BITS", str(2 * 196608 * 8))
+    monkeypatch.setattr(launch, "npu_vector_core_count", lambda device_index=0: 100_000)
+    reset_ub_manager()
+    try:
+        plan = plan_launch("npu", ELEMENTWISE)
+    finally:
+        reset_ub_manager()
+    assert plan.backend == "npu" and plan.block == 16384
+    assert plan.grid(10**9) == 65535  # triton-ascend's grid limit caps the core count
+
+
+def test_cuda_plan_is_one_program_per_tile_with_warps():
+    plan = plan_launch("cuda", ELEMENTWISE)
+    assert plan.max_programs is None and plan.grid(123_456) == 123_456
+    assert plan.launch_options()["num_warps"] in (4, 8, 16)
+
+
+def test_plans_are_memoised():
+    assert plan_launch("cuda", ELEMENTWISE) is plan_launch("cuda", ELEMENTWISE)
+
+
+def test_ops_are_registered_for_every_backend_key():
+    for op in ["geglu", "geglu_backward"]:
+        for key in ["CPU", "CUDA", "PrivateUse1"]:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"npu_liger::{op}", key), (op, key)
+
+
+def test_npu_registration_path_after_privateuse1_rename():
+    """torch_npu renames PrivateUse1 to "npu"; the ops must be found whichever is imported first."""
+    script = textwrap.dedent(
+        """
+        import torch
+        order = {order!r}
+        if order == "rename-first":
+            torch.utils.rename_privateuse1_backend("npu")
+            import npu_liger
+        else:
+            import npu_liger
+            torch.utils.rename_privateuse1_backend("npu")
+        assert torch._C._get_privateuse1_backend_name() == "npu"
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("npu_liger::geglu", "PrivateUse1")
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("npu_liger::geglu_backward", "PrivateUse1")
+        print("ok")
+        """
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    for order in ["rename-first", "import-first"]:
+        result = subprocess.run([sys.executable, "-c", script.format(order=order)], capture_output=True, text=True,
+                                env=env, timeout=300)
+        assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_import_touches_no_driver():
+    script = "import npu_liger, torch; assert not torch.cuda.is_initialized(); print('ok')"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def test_cpu_without_interpreter_raises_clear_error():
+    script = "import npu_liger, torch\n" \
+             "try:\n    npu_liger.geglu(torch.ones(3), torch.ones(3))\n" \
+             "except RuntimeError as e:\n    print('TRITON_INTERPRET=1' in str(e))\n"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.stdout.strip() == "True", result.stderr
+
+
+def test_functional_api_is_exported():
+    assert npu_liger.geglu is npu_liger.registrations.FUNCTIONAL_API["geglu"]
+    assert "geglu" in npu_liger.__all__
