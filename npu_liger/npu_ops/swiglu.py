@@ -1,0 +1,98 @@
+"""SwiGLU: ``c = silu(a) * b = a * sigmoid(a) * b``, elementwise over any shape.
+
+    d/da silu(a) = s + a * s * (1 - s) = s * (1 + a * (1 - s)),  s = sigmoid(a)
+
+Forward reads a and b and writes c; backward reads grad_c, a and b and writes grad_a and grad_b, recomputing
+the sigmoid rather than saving it (one less tensor through HBM). Both kernels run a grid-stride loop over the
+flat tensor with int64 offsets, so the same source serves a persistent NPU grid (one program per vector core)
+and a one-program-per-tile CUDA grid.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..tiling import TileRequest, plan_launch
+from ._triton import check_float_tensor, check_same_layout, flat, grid_stride, program_start, require_launchable
+
+# Memory analysis (all arithmetic in fp32, so tiles are sized in fp32 elements: dtype_size = 4).
+# Forward, per element of the block: a, b (upcast), the sigmoid, and c before the cast:
+#   ~4 live fp32 values -> memory_multiplier 4.0 (Ascend910B3: 192 KiB * 0.8 / (4.0 * 4 B) = 9830 -> BLOCK 8192).
+# Backward: grad_c, a, b, the sigmoid, silu(a), d silu / da, grad_a, grad_b: ~7 live fp32 values ->
+#   memory_multiplier 7.0 (5617 -> BLOCK 4096). Same counts as GEGLU, whose figures were measured; SwiGLU's
+#   gate is cheaper (no cubic), so these are upper bounds.
+# shapes: ((n_elements,),), tiling_dims: (0,) -> no fixed dims, unit_param = 1.
+FORWARD_MEMORY_MULTIPLIER = 4.0
+BACKWARD_MEMORY_MULTIPLIER = 7.0
+COMPUTE_DTYPE_SIZE = 4
+
+
+@triton.jit
+def _swiglu_fwd_kernel(a_ptr, b_ptr, c_ptr, n_elements, BLOCK: tl.constexpr):
+    for start in tl.range(program_start(BLOCK), n_elements, grid_stride(BLOCK)):
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < n_elements
+        a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        tl.store(c_ptr + offsets, (a * tl.sigmoid(a) * b).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(grad_c_ptr, a_ptr, b_ptr, grad_a_ptr, grad_b_ptr, n_elements, BLOCK: tl.constexpr):
+    for start in tl.range(program_start(BLOCK), n_elements, grid_stride(BLOCK)):
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < n_elements
+        grad_c = tl.load(grad_c_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        s = tl.sigmoid(a)
+        silu = a * s
+        d_silu = s * (1.0 + a * (1.0 - s))
+        tl.store(grad_a_ptr + offsets, (grad_c * b * d_silu).to(grad_a_ptr.dtype.element_ty), mask=mask)
+        tl.store(grad_b_ptr + offsets, (grad_c * silu).to(grad_b_ptr.dtype.element_ty), mask=mask)
+
+
+def check_swiglu_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
+    check_float_tensor("a", a)
+    check_float_tensor("b", b)
+    check_same_layout("b", b, "a", a)
+
+
+def _request(n_elements: int, memory_multiplier: float) -> TileRequest:
+    return TileRequest(memory_multiplier, ((n_elements,),), (0,), COMPUTE_DTYPE_SIZE)
+
+
+def swiglu_forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    check_swiglu_inputs(a, b)
+    c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    n = a.numel()
+    if n == 0:
+        return c
+    require_launchable(a.device)
+    plan = plan_launch(a.device.type, _request(n, FORWARD_MEMORY_MULTIPLIER))
+    _swiglu_fwd_kernel[(plan.grid(triton.cdiv(n, plan.block)),)](
+        flat(a), flat(b), c.view(-1), n, BLOCK=plan.block, **plan.launch_options()
+    )
+    return c
+
+
+def swiglu_backward(grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    check_swiglu_inputs(a, b)
+    check_float_tensor("grad_c", grad_c)
+    check_same_layout("grad_c", grad_c, "a", a)
+    grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    grad_b = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    n = a.numel()
+    if n == 0:
+        return grad_a, grad_b
+    require_launchable(a.device)
+    plan = plan_launch(a.device.type, _request(n, BACKWARD_MEMORY_MULTIPLIER))
+    _swiglu_bwd_kernel[(plan.grid(triton.cdiv(n, plan.block)),)](
+        flat(grad_c), flat(a), flat(b), grad_a.view(-1), grad_b.view(-1), n, BLOCK=plan.block,
+        **plan.launch_options()
+    )
+    return grad_a, grad_b
