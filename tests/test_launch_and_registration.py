@@ -120,3 +120,41 @@ def test_cpu_without_interpreter_raises_clear_error():
 def test_functional_api_is_exported():
     assert npu_liger.geglu is npu_liger.registrations.FUNCTIONAL_API["geglu"]
     assert "geglu" in npu_liger.__all__
+
+
+def test_eager_entry_matches_the_op_and_yields_to_dispatch_modes():
+    """npu_liger.<op> skips the dispatcher in plain eager calls, but a TorchDispatchMode still sees the op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    device = os.environ.get("NPU_LIGER_TEST_DEVICE", "cpu")
+    a = torch.randn(37, device=device, requires_grad=True)
+    b = torch.randn(37, device=device, requires_grad=True)
+    fast = npu_liger.geglu(a, b)
+    fast.sum().backward()
+    fast_grads = (a.grad.clone(), b.grad.clone())
+    a.grad = b.grad = None
+    slow = torch.ops.npu_liger.geglu(a, b)
+    slow.sum().backward()
+    assert torch.equal(fast, slow) and torch.equal(fast_grads[0], a.grad) and torch.equal(fast_grads[1], b.grad)
+    assert fast.grad_fn is not None and "Geglu" in type(fast.grad_fn).__name__
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Count() as counter:
+        npu_liger.geglu(a.detach(), b.detach())
+    assert "npu_liger.geglu.default" in counter.ops
+
+
+def test_eager_entry_without_grad_returns_plain_tensor():
+    device = os.environ.get("NPU_LIGER_TEST_DEVICE", "cpu")
+    a = torch.randn(5, device=device, requires_grad=True)
+    with torch.no_grad():
+        out = npu_liger.geglu(a, a.detach())
+    assert out.grad_fn is None and not out.requires_grad

@@ -37,10 +37,10 @@ def _backward(ctx, grad_c):
     return geglu_backward_op(grad_c, a, b)
 
 
-define_autograd(geglu_op, backward=_backward, setup_context=_setup_context)
+_geglu_entry = define_autograd(geglu_op, backward=_backward, setup_context=_setup_context, kernel=geglu_forward)
 forbid_double_backward(geglu_backward_op, "geglu")
 
 
 def geglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``gelu(a, approximate="tanh") * b`` through ``torch.ops.npu_liger.geglu``."""
-    return geglu_op(a, b)
+    """``gelu(a, approximate="tanh") * b``: ``torch.ops.npu_liger.geglu`` (eager calls skip the dispatcher)."""
+    return _geglu_entry(a, b)
