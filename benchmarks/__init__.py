@@ -1,0 +1,1 @@
+"""GPU benchmark harness for npu-liger: ``python benchmarks/run.py --help``."""

@@ -1,0 +1,110 @@
+"""The eager PyTorch baselines: the Hugging Face formulas each op replaces.
+
+Where transformers provides the function (``apply_rotary_pos_emb`` of Llama, ``apply_rotary_emb`` of Llama-4,
+``apply_multimodal_rotary_pos_emb`` of Qwen2-VL) it is used as is; transformers versions that moved or dropped
+one fall back to the same formula written out here. ``SOURCES`` records which was used.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+def geglu(a: Tensor, b: Tensor) -> Tensor:
+    return F.gelu(a, approximate="tanh") * b
+
+
+def swiglu(a: Tensor, b: Tensor) -> Tensor:
+    return F.silu(a) * b
+
+
+def embedding(weight: Tensor, indices: Tensor) -> Tensor:
+    return F.embedding(indices, weight)
+
+
+def tvd_batchmean(p: Tensor, q: Tensor) -> Tensor:
+    """``0.5 * |p - q|`` summed and divided by the number of rows (reduction "batchmean", no labels)."""
+    return (0.5 * (p - q).abs()).sum() / p.shape[0]
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _local_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin)
+
+
+def _local_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
+    sections = list(mrope_section) * 2
+    cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(sections, dim=-1))], dim=-1).unsqueeze(unsqueeze_dim)
+    sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(sections, dim=-1))], dim=-1).unsqueeze(unsqueeze_dim)
+    return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin)
+
+
+def _local_llama4_rotary_emb(xq, xk, freqs_cis):
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    xq_out = torch.view_as_real(xq_ * freqs_cis[:, :, None, :]).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis[:, :, None, :]).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+SOURCES: Dict[str, str] = {}
+
+
+def _resolve(key: str, module: str, name: str, fallback):
+    try:
+        fn = getattr(__import__(module, fromlist=[name]), name)
+        SOURCES[key] = f"{module}.{name}"
+        return fn
+    except Exception:  # transformers missing, or the function moved in this version
+        SOURCES[key] = f"local copy of the HF formula ({module}.{name} not importable)"
+        return fallback
+
+
+_hf_rope = None
+_hf_mrope = None
+_hf_llama4 = None
+
+
+def _load():
+    global _hf_rope, _hf_mrope, _hf_llama4
+    if _hf_rope is None:
+        _hf_rope = _resolve("rope", "transformers.models.llama.modeling_llama", "apply_rotary_pos_emb",
+                            _local_rotary_pos_emb)
+        _hf_mrope = _resolve("qwen2vl_mrope", "transformers.models.qwen2_vl.modeling_qwen2_vl",
+                             "apply_multimodal_rotary_pos_emb", _local_multimodal_rotary_pos_emb)
+        _hf_llama4 = _resolve("llama4_rope", "transformers.models.llama4.modeling_llama4", "apply_rotary_emb",
+                              _local_llama4_rotary_emb)
+
+
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> Tuple[Tensor, Tensor]:
+    """q, k: (bsz, heads, seq, head_dim); cos, sin: (1 or bsz, seq, head_dim)."""
+    _load()
+    return _hf_rope(q, k, cos, sin, unsqueeze_dim=1)
+
+
+def qwen2vl_mrope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int]):
+    """q, k: (bsz, heads, seq, head_dim); cos, sin: (3, bsz, seq, head_dim)."""
+    _load()
+    return _hf_mrope(q, k, cos, sin, list(mrope_section), unsqueeze_dim=1)
+
+
+def llama4_rope(q: Tensor, k: Tensor, freqs_cis: Tensor) -> Tuple[Tensor, Tensor]:
+    """q, k: (bsz, seq, heads, head_dim), interleaved (re, im) pairs; freqs_cis complex (1 or bsz, seq, hd/2)."""
+    _load()
+    return _hf_llama4(q, k, freqs_cis)
+
+
+def sources() -> Dict[str, str]:
+    _load()
+    return dict(SOURCES)

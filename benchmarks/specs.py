@@ -1,0 +1,344 @@
+"""One table of op specs: inputs, shapes, the bytes each op must move, and how every variant is called.
+
+Argument convention: a spec's ``make`` returns ``Inputs(args, leaves, grads_out)``. Every variant
+(``npu_liger``, ``eager``, ``torch.compile`` of eager, ``liger``) is a function ``f(*args) -> tuple of outputs``;
+forward+backward runs ``torch.autograd.grad(f(*args), leaves, grads_out)``. The rope family's q/k leaves are
+(bsz, seq, heads, head_dim) tensors that the rope/mrope variants transpose to (bsz, heads, seq, head_dim), as
+models do; llama4 takes them as they are.
+
+Bytes (the roofline every op is judged against; each input read once, each output written once):
+
+==================  ===================================================  ==========================================
+op                  forward                                              forward + backward
+==================  ===================================================  ==========================================
+geglu, swiglu       a, b read, c written: 3 N                            + grad_c, a, b read, grad_a, grad_b: 8 N
+rope family         q, k read and written: 2 (Nq + Nk)                   + dq, dk read and written: 4 (Nq + Nk)
+embedding           gather: T x D read, T x D written                    + grad T x D read, dW V x D written once
+tvd                 p, q read: 2 N                                       + grads written, read back: 4 N
+==================  ===================================================  ==========================================
+
+(cos/sin/freqs tables, indices and scalar losses are left out, as in the issue's definitions.)
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import reference
+
+SWEEP_TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
+# 16 sequence lengths for the compile-count check: odd, prime, powers of two and not, small and large.
+COMPILE_SEQ_LENS = (3, 17, 64, 100, 128, 255, 256, 333, 512, 777, 1000, 1024, 1500, 2048, 3001, 4096)
+ROPE_THETA = 10000.0
+
+
+@dataclass
+class Inputs:
+    args: Tuple  # positional arguments of every variant
+    leaves: Tuple[torch.Tensor, ...]  # tensors that receive gradients
+    grads_out: Tuple[torch.Tensor, ...]  # one per output
+
+
+@dataclass
+class Case:
+    op: str
+    kind: str  # "main", "sweep", "smoke", "tiny", "compile"
+    params: Dict
+    dtype: torch.dtype
+
+    @property
+    def spec(self) -> "OpSpec":
+        return SPECS[self.op]
+
+    @property
+    def label(self) -> str:
+        return self.spec.label(self.params) + " " + DTYPE_NAMES[self.dtype]
+
+    @property
+    def tokens(self) -> int:
+        return self.spec.tokens(self.params)
+
+    def bytes(self, backward: bool) -> int:
+        fn = self.spec.bytes_fb if backward else self.spec.bytes_fwd
+        return int(fn(self.params, _itemsize(self.dtype)))
+
+
+@dataclass
+class OpSpec:
+    name: str
+    dtype: torch.dtype
+    main: List[Dict]
+    sweep: Callable[[int], Dict]  # tokens -> params
+    smoke: Dict  # tiny shapes for the CPU smoke run (Triton interpreter)
+    tiny: Dict  # dispatch-overhead shapes
+    compile_case: Callable[[int], Dict]  # sequence length -> params
+    label: Callable[[Dict], str]
+    tokens: Callable[[Dict], int]
+    make: Callable[[Dict, torch.dtype, str, torch.Generator], Inputs]
+    eager: Callable
+    npu_args: Callable  # variant args -> the op's positional schema arguments
+    bytes_fwd: Callable[[Dict, int], float]
+    bytes_fb: Callable[[Dict, int], float]
+    notes: str = ""
+
+    def cases(self, kind: str) -> List[Case]:
+        if kind == "main":
+            return [Case(self.name, "main", dict(p), self.dtype) for p in self.main]
+        if kind == "sweep":
+            main_tokens = {self.tokens(p) for p in self.main}
+            return [Case(self.name, "sweep", self.sweep(t), self.dtype) for t in SWEEP_TOKENS if t not in main_tokens]
+        if kind == "smoke":
+            return [Case(self.name, "smoke", dict(self.smoke), self.dtype)]
+        if kind == "tiny":
+            return [Case(self.name, "tiny", dict(self.tiny), self.dtype)]
+        raise ValueError(kind)
+
+    # --- npu_liger entry points -------------------------------------------------------------------------
+    def op(self):
+        """``torch.ops.npu_liger.<name>.default``; raises AttributeError/RuntimeError when not defined."""
+        import npu_liger  # noqa: F401  (defines the ops)
+
+        return getattr(torch.ops.npu_liger, self.name).default
+
+    def functional(self):
+        import npu_liger
+
+        return getattr(npu_liger, self.name)
+
+    def launcher(self):
+        """The raw host launcher ``npu_liger.npu_ops.<name>.<name>_forward`` (what the op's kernel key calls)."""
+        module = importlib.import_module(f"npu_liger.npu_ops.{self.name}")
+        return getattr(module, f"{self.name}_forward")
+
+    def available(self) -> Optional[str]:
+        """None when npu_liger provides the op, else why not."""
+        try:
+            self.op()
+            self.functional()
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def npu_variant(self, entry: str = "functional") -> Callable:
+        target = self.functional() if entry == "functional" else self.op()
+        npu_args = self.npu_args
+
+        def run(*args):
+            out = target(*npu_args(*args))
+            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+        return run
+
+    def eager_variant(self) -> Callable:
+        eager = self.eager
+
+        def run(*args):
+            out = eager(*args)
+            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+        return run
+
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _randn(shape, dtype, device, gen, requires_grad=False, scale=1.0):
+    t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+    if scale != 1.0:
+        t.mul_(scale)
+    t = t.to(dtype)
+    return t.requires_grad_(requires_grad)
+
+
+# --- geglu / swiglu ------------------------------------------------------------------------------------------
+
+def _make_gated(p, dtype, device, gen):
+    shape = (p["tokens"], p["hidden"])
+    a = _randn(shape, dtype, device, gen, True)
+    b = _randn(shape, dtype, device, gen, True)
+    return Inputs((a, b), (a, b), (_randn(shape, dtype, device, gen),))
+
+
+def _gated_spec(name, eager):
+    return OpSpec(
+        name=name,
+        dtype=torch.bfloat16,
+        main=[dict(tokens=8192, hidden=14336)],
+        sweep=lambda t: dict(tokens=t, hidden=14336),
+        smoke=dict(tokens=6, hidden=37),
+        tiny=dict(tokens=4, hidden=64),
+        compile_case=lambda s: dict(tokens=2 * s, hidden=4096),
+        label=lambda p: f"{p['tokens']}x{p['hidden']}",
+        tokens=lambda p: p["tokens"],
+        make=_make_gated,
+        eager=eager,
+        npu_args=lambda a, b: (a, b),
+        bytes_fwd=lambda p, s: 3 * p["tokens"] * p["hidden"] * s,
+        bytes_fb=lambda p, s: 8 * p["tokens"] * p["hidden"] * s,
+    )
+
+
+# --- rope family --------------------------------------------------------------------------------------------
+
+def _rope_label(p):
+    return f"bsz{p['bsz']} seq{p['seq']} {p['hq']}q/{p['hkv']}kv hd{p['hd']}"
+
+
+def _qk(p, dtype, device, gen, grads: bool):
+    """q, k leaves (bsz, seq, heads, hd) and matching grads_out in the layout the variants return."""
+    bsz, seq, hd = p["bsz"], p["seq"], p["hd"]
+    q = _randn((bsz, seq, p["hq"], hd), dtype, device, gen, True)
+    k = _randn((bsz, seq, p["hkv"], hd), dtype, device, gen, True)
+    gq = _randn((bsz, seq, p["hq"], hd), dtype, device, gen)
+    gk = _randn((bsz, seq, p["hkv"], hd), dtype, device, gen)
+    if grads:  # rope / mrope return (bsz, heads, seq, hd) views; grads come in the same layout
+        gq, gk = gq.transpose(1, 2), gk.transpose(1, 2)
+    return q, k, gq, gk
+
+
+def _angles(positions: torch.Tensor, hd: int) -> torch.Tensor:
+    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd))
+    return positions.to(torch.float32)[..., None] * inv_freq  # (..., hd/2)
+
+
+def _make_rope(p, dtype, device, gen):
+    q, k, gq, gk = _qk(p, dtype, device, gen, True)
+    ang = _angles(torch.arange(p["seq"], device=device), p["hd"])
+    emb = torch.cat((ang, ang), dim=-1)[None]  # (1, seq, hd), as HF's rotary embedding returns per batch
+    return Inputs((q, k, emb.cos().to(dtype), emb.sin().to(dtype)), (q, k), (gq, gk))
+
+
+def _make_mrope(p, dtype, device, gen):
+    q, k, gq, gk = _qk(p, dtype, device, gen, True)
+    seq = p["seq"]
+    base = torch.arange(seq, device=device)
+    # temporal / height / width position ids differ, as for an image span: (3, bsz, seq)
+    pos = torch.stack((base, base // 2, base % 7)).unsqueeze(1).expand(3, p["bsz"], seq)
+    ang = _angles(pos, p["hd"])
+    emb = torch.cat((ang, ang), dim=-1).contiguous()  # (3, bsz, seq, hd)
+    return Inputs((q, k, emb.cos().to(dtype), emb.sin().to(dtype)), (q, k), (gq, gk))
+
+
+def _make_llama4(p, dtype, device, gen):
+    q, k, gq, gk = _qk(p, dtype, device, gen, False)
+    ang = _angles(torch.arange(p["seq"], device=device), p["hd"])
+    freqs = torch.polar(torch.ones_like(ang), ang)[None]  # complex64 (1, seq, hd/2)
+    return Inputs((q, k, freqs), (q, k), (gq, gk))
+
+
+def _rope_elems(p):
+    return p["bsz"] * p["seq"] * (p["hq"] + p["hkv"]) * p["hd"]
+
+
+def _rope_spec(name, make, eager, npu_args, smoke_hd=16):
+    return OpSpec(
+        name=name,
+        dtype=torch.bfloat16,
+        main=[dict(bsz=4, seq=4096, hq=32, hkv=8, hd=128)],
+        sweep=lambda t: dict(bsz=4, seq=t // 4, hq=32, hkv=8, hd=128),
+        smoke=dict(bsz=2, seq=5, hq=4, hkv=2, hd=smoke_hd),
+        tiny=dict(bsz=1, seq=4, hq=2, hkv=1, hd=smoke_hd),
+        compile_case=lambda s: dict(bsz=2, seq=s, hq=32, hkv=8, hd=128),
+        label=_rope_label,
+        tokens=lambda p: p["bsz"] * p["seq"],
+        make=make,
+        eager=eager,
+        npu_args=npu_args,
+        bytes_fwd=lambda p, s: 2 * _rope_elems(p) * s,
+        bytes_fb=lambda p, s: 4 * _rope_elems(p) * s,
+    )
+
+
+def _t(x):
+    return x.transpose(1, 2)
+
+
+def mrope_section_for(hd: int) -> Tuple[int, int, int]:
+    """Qwen2-VL's split of hd/2 into temporal/height/width: (16, 24, 24) for head_dim 128, (2, 3, 3) for 16."""
+    half = hd // 2
+    t = half // 4
+    h = (half - t) // 2
+    return (t, h, half - t - h)
+
+
+# --- embedding ----------------------------------------------------------------------------------------------
+
+def _make_embedding(p, dtype, device, gen):
+    weight = _randn((p["V"], p["D"]), dtype, device, gen, True)
+    indices = torch.randint(0, p["V"], (p["T"],), generator=gen, device=device, dtype=torch.int64)
+    return Inputs((weight, indices), (weight,), (_randn((p["T"], p["D"]), dtype, device, gen),))
+
+
+# --- tvd ----------------------------------------------------------------------------------------------------
+
+def _make_tvd(p, dtype, device, gen):
+    shape = (p["BT"], p["V"])
+    prob_p = torch.softmax(_randn(shape, torch.float32, device, gen), dim=-1).to(dtype).requires_grad_(True)
+    prob_q = torch.softmax(_randn(shape, torch.float32, device, gen), dim=-1).to(dtype).requires_grad_(True)
+    return Inputs((prob_p, prob_q), (prob_p, prob_q), (torch.ones((), dtype=dtype, device=device),))
+
+
+SPECS: Dict[str, OpSpec] = {
+    "geglu": _gated_spec("geglu", reference.geglu),
+    "swiglu": _gated_spec("swiglu", reference.swiglu),
+    "embedding": OpSpec(
+        name="embedding",
+        dtype=torch.bfloat16,
+        main=[dict(V=128256, D=4096, T=16384)],
+        sweep=lambda t: dict(V=128256, D=4096, T=t),
+        smoke=dict(V=50, D=24, T=7),
+        tiny=dict(V=16, D=32, T=4),
+        compile_case=lambda s: dict(V=32000, D=4096, T=2 * s),
+        label=lambda p: f"V{p['V']} D{p['D']} T{p['T']}",
+        tokens=lambda p: p["T"],
+        make=_make_embedding,
+        eager=reference.embedding,
+        npu_args=lambda weight, indices: (weight, indices, -1),
+        bytes_fwd=lambda p, s: 2 * p["T"] * p["D"] * s,
+        bytes_fb=lambda p, s: (3 * p["T"] * p["D"] + p["V"] * p["D"]) * s,
+    ),
+    "tvd": OpSpec(
+        name="tvd",
+        dtype=torch.float32,
+        main=[dict(BT=8192, V=32000)],
+        sweep=lambda t: dict(BT=t, V=32000),
+        smoke=dict(BT=6, V=37),
+        tiny=dict(BT=4, V=64),
+        compile_case=lambda s: dict(BT=2 * s, V=32000),
+        label=lambda p: f"{p['BT']}x{p['V']}",
+        tokens=lambda p: p["BT"],
+        make=_make_tvd,
+        eager=reference.tvd_batchmean,
+        npu_args=lambda p, q: (p, q, None, "batchmean", -100),
+        bytes_fwd=lambda p, s: 2 * p["BT"] * p["V"] * s,
+        bytes_fb=lambda p, s: 4 * p["BT"] * p["V"] * s,
+        notes="reduction batchmean, no labels",
+    ),
+    "rope": _rope_spec(
+        "rope", _make_rope,
+        lambda q, k, cos, sin: reference.rope(_t(q), _t(k), cos, sin),
+        lambda q, k, cos, sin: (_t(q), _t(k), cos, sin),
+    ),
+    "qwen2vl_mrope": _rope_spec(
+        "qwen2vl_mrope", _make_mrope,
+        lambda q, k, cos, sin: reference.qwen2vl_mrope(_t(q), _t(k), cos, sin, mrope_section_for(q.shape[-1])),
+        lambda q, k, cos, sin: (_t(q), _t(k), cos, sin, list(mrope_section_for(q.shape[-1]))),
+    ),
+    "llama4_rope": _rope_spec(
+        "llama4_rope", _make_llama4,
+        reference.llama4_rope,
+        lambda q, k, freqs: (q, k, freqs),
+    ),
+}
+
+def op_names() -> List[str]:
+    return list(SPECS)
