@@ -131,6 +131,17 @@ def test_compile_helper_forward_only():
     )
 
 
+def test_eager_entry_matches_the_dispatched_op():
+    a, b = randn((6, 41), requires_grad=True), randn((6, 41), requires_grad=True)
+    fast = npu_liger.swiglu(a, b)
+    fast.sum().backward()
+    fast_grads = (a.grad.clone(), b.grad.clone())
+    a.grad = b.grad = None
+    slow = swiglu_op(a, b)
+    slow.sum().backward()
+    assert torch.equal(fast, slow) and torch.equal(fast_grads[0], a.grad) and torch.equal(fast_grads[1], b.grad)
+
+
 def test_double_backward_raises_clear_error():
     a = randn((8,), requires_grad=True)
     b = randn((8,), requires_grad=True)

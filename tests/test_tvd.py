@@ -274,6 +274,23 @@ def test_no_host_synchronisation():
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_eager_entry_matches_the_dispatched_op(reduction):
+    p, q = make_pair(6, 41)
+    p.requires_grad_(True)
+    q.requires_grad_(True)
+    labels = make_labels(6, "some")
+    fast = npu_liger.tvd(p, q, labels, reduction)
+    fast.backward(torch.ones_like(fast))
+    fast_grads = (p.grad.clone(), q.grad.clone())
+    p.grad = q.grad = None
+    slow = tvd_op(p, q, labels, reduction)
+    slow.backward(torch.ones_like(slow))
+    assert torch.equal(fast, slow) and torch.equal(fast_grads[0], p.grad) and torch.equal(fast_grads[1], q.grad)
+    with torch.no_grad():
+        assert npu_liger.tvd(p, q, labels, reduction).grad_fn is None
+
+
 def test_double_backward_raises_clear_error():
     p, q = make_pair(3, 8)
     p.requires_grad_(True)

@@ -37,10 +37,10 @@ def _backward(ctx, grad_c):
     return swiglu_backward_op(grad_c, a, b)
 
 
-define_autograd(swiglu_op, backward=_backward, setup_context=_setup_context)
+_swiglu_entry = define_autograd(swiglu_op, backward=_backward, setup_context=_setup_context, kernel=swiglu_forward)
 forbid_double_backward(swiglu_backward_op, "swiglu")
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``silu(a) * b`` through ``torch.ops.npu_liger.swiglu``."""
-    return swiglu_op(a, b)
+    """``silu(a) * b``: ``torch.ops.npu_liger.swiglu`` (eager calls skip the dispatcher)."""
+    return _swiglu_entry(a, b)

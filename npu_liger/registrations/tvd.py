@@ -50,16 +50,17 @@ def _backward(ctx, grad_out):
     return grad_p, grad_q, None, None, None
 
 
-define_autograd(tvd_op, backward=_backward, setup_context=_setup_context)
+_tvd_entry = define_autograd(tvd_op, backward=_backward, setup_context=_setup_context, kernel=tvd_forward)
 forbid_double_backward(tvd_backward_op, "tvd")
 
 
 def tvd(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.Tensor] = None, reduction: str = "batchmean",
         ignore_index: int = -100) -> torch.Tensor:
-    """Total variation distance ``0.5 * |p - q|`` over (BT, V) rows through ``torch.ops.npu_liger.tvd``.
+    """Total variation distance ``0.5 * |p - q|`` over (BT, V) rows: ``torch.ops.npu_liger.tvd`` (eager calls skip
+    the dispatcher).
 
     Rows whose ``shift_labels`` entry equals ``ignore_index`` count for nothing. ``reduction``: ``"none"`` (BT, V),
     ``"sum"``, ``"mean"`` (over valid elements) or ``"batchmean"`` (over valid rows); scalar results are
     accumulated in fp32 and returned in p's dtype; no valid row gives 0.
     """
-    return tvd_op(p, q, shift_labels, reduction, ignore_index)
+    return _tvd_entry(p, q, shift_labels, reduction, ignore_index)
