@@ -1,0 +1,69 @@
+"""npu_liger::embedding and npu_liger::embedding_backward: schema -> fake -> device kernels -> autograd.
+
+padding_idx convention of the op: any negative value (the schema default is -1) means "no padding row";
+0 <= padding_idx < num_embeddings names the row that gets no gradient. (``F.embedding`` counts a negative
+padding_idx from the end instead; ``npu_liger.nn.Embedding`` does that normalisation, as ``nn.Embedding`` does,
+before calling the op.) Gradients flow to weight only; indices are integers and get none.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..npu_ops.embedding import (check_embedding_backward_inputs, check_embedding_inputs, embedding_backward,
+                                 embedding_forward)
+from ._op import define_autograd, define_op, forbid_double_backward
+
+__all__ = ["embedding"]
+
+
+def _embedding_fake(weight, indices, padding_idx=-1):
+    check_embedding_inputs(weight, indices, padding_idx)
+    return torch.empty((*indices.shape, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+
+
+def _embedding_backward_fake(grad_out, indices, num_embeddings, padding_idx):
+    check_embedding_backward_inputs(grad_out, indices, num_embeddings, padding_idx)
+    return torch.empty((num_embeddings, grad_out.shape[-1]), dtype=grad_out.dtype, device=grad_out.device)
+
+
+embedding_op = define_op(
+    "embedding(Tensor weight, Tensor indices, int padding_idx=-1) -> Tensor",
+    kernel=embedding_forward,
+    fake=_embedding_fake,
+)
+# num_embeddings is a SymInt so that a dynamic vocabulary size stays symbolic under torch.compile.
+embedding_backward_op = define_op(
+    "embedding_backward(Tensor grad_out, Tensor indices, SymInt num_embeddings, int padding_idx) -> Tensor",
+    kernel=embedding_backward,
+    fake=_embedding_backward_fake,
+)
+
+
+def _setup_context(ctx, inputs, output):
+    weight, indices, padding_idx = inputs
+    ctx.save_for_backward(indices)  # weight itself is not needed: only its row count
+    ctx.num_embeddings = weight.shape[0]
+    ctx.padding_idx = padding_idx
+
+
+def _backward(ctx, grad_out):
+    if not ctx.needs_input_grad[0]:
+        return None, None, None
+    (indices,) = ctx.saved_tensors
+    return embedding_backward_op(grad_out, indices, ctx.num_embeddings, ctx.padding_idx), None, None
+
+
+_embedding_entry = define_autograd(embedding_op, backward=_backward, setup_context=_setup_context,
+                                   kernel=embedding_forward)
+forbid_double_backward(embedding_backward_op, "embedding")
+
+
+def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: Optional[int] = None) -> torch.Tensor:
+    """``F.embedding(indices, weight, padding_idx)`` through ``torch.ops.npu_liger.embedding`` (eager calls skip
+    the dispatcher). Note the argument order (weight first, as in the op). ``padding_idx``: None or any
+    negative value means no padding row (unlike ``F.embedding``, a negative value is not counted from the end).
+    Indices outside [0, num_embeddings) raise ``IndexError``."""
+    return _embedding_entry(weight, indices, -1 if padding_idx is None else padding_idx)

@@ -1,0 +1,362 @@
+"""Embedding: exact gather, weight gradients against float64 (duplicates, padding row, both backward paths),
+determinism, index-range errors and in-kernel masking, opcheck, compile, tiling loops, no mutation, bad input."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import npu_liger
+import npu_liger.npu_ops.embedding as embedding_kernels
+from checklist import (DEVICE, FLOAT_DTYPES, FP32_RTOL, UNIT_ROUNDOFF, assert_close, assert_compiles_without_recompiles,
+                       assert_no_alias, assert_unchanged, randn, rel_error, run_opcheck, snapshot)
+
+embedding_op = torch.ops.npu_liger.embedding.default
+embedding_backward_op = torch.ops.npu_liger.embedding_backward.default
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+# Embedding dims: 1, primes, and the emulated NPU's column blocks (forward 8192, atomic backward 4096,
+# sorted backward 512 at the default UB). Vocabulary sizes: 1, primes, powers of two.
+EMBED_DIMS = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 127, 511, 512, 513, 1000, 4097, 8191, 8193])
+VOCAB_SIZES = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 127, 257, 1000])
+INDEX_DIMS = st.sampled_from([1, 2, 3, 5, 17, 64])
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool):
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def make_indices(shape, num_embeddings, dtype=torch.int64, distinct=None):
+    """Random indices drawing from ``distinct`` random rows (many duplicates when it is small)."""
+    distinct = num_embeddings if distinct is None else min(distinct, num_embeddings)
+    pool = torch.randperm(num_embeddings)[:distinct]
+    return pool[torch.randint(0, distinct, tuple(shape))].to(dtype).to(DEVICE)
+
+
+def check_forward_backward(weight, indices, padding_idx=None, deterministic=False):
+    """Forward exact against F.embedding; the weight gradient against float64 autograd (half precision also
+    against the eager half-precision one, and within one rounding of the fp32 sum)."""
+    weight = weight.detach().requires_grad_(True)
+    before = snapshot((weight, indices))
+    with deterministic_algorithms(deterministic):
+        out = npu_liger.embedding(weight, indices, padding_idx)
+        grad_out = randn(out.shape, out.dtype)
+        out.backward(grad_out)
+    assert_unchanged(before, (weight, indices), ("weight", "indices"))
+    assert_no_alias((out, weight.grad), (weight, indices, grad_out))
+
+    assert out.dtype == weight.dtype and out.shape == (*indices.shape, weight.shape[1]) and out.is_contiguous()
+    assert torch.equal(out, F.embedding(indices, weight.detach(), padding_idx)), "a gather must be exact"
+
+    w64 = weight.detach().double().requires_grad_(True)
+    F.embedding(indices, w64, padding_idx).backward(grad_out.double())
+    w_lp = weight.detach().clone().requires_grad_(True)
+    F.embedding(indices, w_lp, padding_idx).backward(grad_out)
+    assert weight.grad.dtype == weight.dtype and weight.grad.shape == weight.shape
+    assert_close(weight.grad, w64.grad, w_lp.grad, what="grad_weight")
+    if weight.dtype != torch.float32:  # fp32 accumulation: only the final rounding to half precision is lost
+        err = rel_error(weight.grad, w64.grad)
+        assert err <= UNIT_ROUNDOFF[weight.dtype], f"grad_weight ({weight.dtype}): {err:.3e} > one rounding"
+    if padding_idx is not None:
+        assert not weight.grad[padding_idx].any(), "the padding row must get no gradient"
+
+
+def make_weight(num_embeddings, dim, dtype, layout):
+    """``layout``: "contiguous"; "strided" (every other column of a wider buffer); "transposed" (column-major)."""
+    if layout == "transposed":
+        return randn((dim, num_embeddings), dtype).t()
+    return randn((num_embeddings, dim), dtype, noncontiguous=layout == "strided")
+
+
+@given(num_embeddings=VOCAB_SIZES, dim=EMBED_DIMS, index_shape=st.lists(INDEX_DIMS, min_size=0, max_size=3),
+       index_dtype=st.sampled_from(INDEX_DTYPES), noncontiguous_indices=st.booleans(),
+       dtype=st.sampled_from(FLOAT_DTYPES), layout=st.sampled_from(["contiguous", "strided", "transposed"]),
+       distinct=st.sampled_from([1, 3, None]), padding=st.sampled_from([None, "used", "any"]),
+       deterministic=st.booleans(), data=st.data())
+def test_matches_reference(num_embeddings, dim, index_shape, index_dtype, noncontiguous_indices, dtype, layout,
+                           distinct, padding, deterministic, data):
+    if num_embeddings * dim > 300_000:
+        dim = 257
+    while torch.Size(index_shape).numel() * max(dim, 64) > 100_000:  # keep the interpreter's work bounded
+        index_shape = index_shape[1:]
+    weight = make_weight(num_embeddings, dim, dtype, layout)
+    if noncontiguous_indices and index_shape:
+        wide = make_indices((*index_shape[:-1], 2 * index_shape[-1]), num_embeddings, index_dtype, distinct)
+        indices = wide[..., ::2]
+    else:
+        indices = make_indices(index_shape, num_embeddings, index_dtype, distinct)
+    padding_idx = None
+    if padding == "used":
+        padding_idx = int(indices.reshape(-1)[0])
+    elif padding == "any":
+        padding_idx = data.draw(st.integers(0, num_embeddings - 1), label="padding_idx")
+    check_forward_backward(weight, indices, padding_idx, deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_many_duplicates_accumulate(dtype, deterministic):
+    indices = make_indices((4, 150), 50, torch.int32, distinct=3)
+    check_forward_backward(randn((50, 33), dtype), indices, padding_idx=None, deterministic=deterministic)
+    check_forward_backward(randn((50, 33), dtype), indices, int(indices[0, 0]), deterministic=deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_updates_are_not_lost(dtype, deterministic):
+    """1000 gradients of 1.0 into one row: half-precision accumulation would stall (bf16 at 256); fp32 gives
+    1000, which both formats hold exactly."""
+    indices = torch.zeros(1000, dtype=torch.int64, device=DEVICE)
+    grad_out = torch.ones((1000, 5), dtype=dtype, device=DEVICE)
+    with deterministic_algorithms(deterministic):
+        grad_weight = embedding_backward_op(grad_out, indices, 3, -1)
+    assert grad_weight.dtype == dtype
+    assert torch.equal(grad_weight[0], torch.full((5,), 1000.0, dtype=dtype, device=DEVICE))
+    assert not grad_weight[1:].any()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_deterministic_mode_is_bitwise_reproducible_without_atomics(dtype, monkeypatch):
+    indices = make_indices((3, 200), 64, torch.int64, distinct=7)
+    grad_out = randn((3, 200, 70), dtype, scale=3.0)
+    ref64 = torch.zeros((64, 70), dtype=torch.float64, device=DEVICE)
+    ref64.index_add_(0, indices.reshape(-1), grad_out.reshape(-1, 70).double())
+    ref64[5] = 0.0
+    tol = FP32_RTOL if dtype == torch.float32 else UNIT_ROUNDOFF[dtype]
+    with deterministic_algorithms(False):
+        atomic = embedding_backward_op(grad_out, indices, 64, 5)
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("the atomic kernel ran in deterministic mode")
+
+    monkeypatch.setattr(embedding_kernels, "_embedding_bwd_atomic_kernel", NoLaunch())
+    with deterministic_algorithms(True):
+        first = embedding_backward_op(grad_out, indices, 64, 5)
+        second = embedding_backward_op(grad_out.clone(), indices.clone(), 64, 5)
+    assert torch.equal(first, second)
+    assert rel_error(first, ref64) <= tol and rel_error(atomic, ref64) <= tol
+
+
+def test_default_mode_uses_the_atomic_kernel(monkeypatch):
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("the sorted kernel ran outside deterministic mode")
+
+    monkeypatch.setattr(embedding_kernels, "_embedding_bwd_kernel", NoLaunch())
+    with deterministic_algorithms(False):
+        grad_weight = embedding_backward_op(randn((6, 4)), torch.tensor([0, 1, 1, 2, 2, 2], device=DEVICE), 3, -1)
+    assert grad_weight.shape == (3, 4)
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("bad", [-1, -7, 10, 12345])
+def test_out_of_range_indices_raise_naming_the_value(bad, index_dtype):
+    weight = randn((10, 6), requires_grad=True)
+    indices = torch.tensor([[0, 3], [bad, 9]], dtype=index_dtype, device=DEVICE)
+    with pytest.raises(IndexError, match=rf"index {bad} is out of range .*num_embeddings=10"):
+        npu_liger.embedding(weight, indices)
+    with pytest.raises(IndexError, match=rf"index {bad} is out of range"):
+        embedding_op(weight.detach(), indices)
+    for deterministic in (False, True):
+        with deterministic_algorithms(deterministic), pytest.raises(IndexError, match=rf"index {bad} is out"):
+            embedding_backward_op(randn((2, 2, 6)), indices, 10, -1)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, deterministic, monkeypatch):
+    """With the host check switched off, bad indices touch nothing outside weight: weight is a view into a
+    buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output."""
+    monkeypatch.setattr(embedding_kernels, "check_index_range",
+                        lambda low, high, num_embeddings, *counts: [int(c) for c in counts])
+    big = 2**31 - 1 if index_dtype == torch.int32 else 2**40
+    buffer = torch.full((14, 5), 777.0, device=DEVICE)
+    buffer[2:12] = randn((10, 5))
+    weight = buffer[2:12]
+    indices = torch.tensor([3, -1, 10, 0, -(2**31), big, 3, 11, -2], dtype=index_dtype, device=DEVICE)
+    valid = (indices >= 0) & (indices < 10)
+    out = embedding_kernels.embedding_forward(weight, indices)
+    assert torch.equal(out[valid], weight[indices[valid].long()])
+    assert not out[~valid].any(), "tokens with out-of-range indices read something"
+
+    grad_out = randn((9, 5))
+    with deterministic_algorithms(deterministic):
+        grad_weight = embedding_kernels.embedding_backward(grad_out, indices, 10, -1)
+    expected = torch.zeros(10, 5, device=DEVICE).index_add_(0, indices[valid].long(), grad_out[valid])
+    assert_close(grad_weight, expected.double())
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5, 7)])
+def test_empty_indices_give_empty_outputs(shape):
+    weight = randn((7, 4), requires_grad=True)
+    out = npu_liger.embedding(weight, torch.zeros(shape, dtype=torch.int64, device=DEVICE))
+    assert out.shape == (*shape, 4)
+    out.sum().backward()
+    assert weight.grad.shape == (7, 4) and not weight.grad.any()
+
+
+def test_zero_width_and_scalar_indices():
+    weight = randn((7, 0), requires_grad=True)
+    out = npu_liger.embedding(weight, torch.tensor([1, 2, 6], device=DEVICE))
+    assert out.shape == (3, 0)
+    out.sum().backward()
+    assert weight.grad.shape == (7, 0)
+    with pytest.raises(IndexError, match="index 7"):
+        npu_liger.embedding(weight, torch.tensor([7], device=DEVICE))
+    weight = randn((7, 3), requires_grad=True)
+    out = npu_liger.embedding(weight, torch.tensor(4, device=DEVICE))
+    assert out.shape == (3,) and torch.equal(out, weight[4])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_opcheck(dtype):
+    weight = randn((11, 37), dtype, requires_grad=True)
+    indices = make_indices((4, 5), 11, distinct=4)
+    run_opcheck(embedding_op, (weight, indices))
+    run_opcheck(embedding_op, (weight, indices.int(), int(indices[0, 0])))
+    run_opcheck(embedding_op, (randn((11, 6), dtype, noncontiguous=True, requires_grad=True), indices.t(), 2))
+    run_opcheck(embedding_backward_op, (randn((4, 5, 37), dtype), indices, 11, int(indices[1, 1])))
+    run_opcheck(embedding_backward_op, (randn((4, 5, 37), dtype), indices.int(), 11, -1))
+
+
+def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda w, i: npu_liger.embedding(w * 2.0, i, 1), fullgraph=True, dynamic=True)
+    for step, (num_embeddings, dim, n) in enumerate([(5, 19, 8), (9, 7, 33), (17, 33, 130), (40, 3, 7)]):
+        weight = randn((num_embeddings, dim), requires_grad=True)
+        indices = make_indices((2, n), num_embeddings, distinct=4)
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):
+            out = compiled(weight, indices)
+            out.sum().backward()
+        w64 = weight.detach().double().requires_grad_(True)
+        ref = F.embedding(indices, w64 * 2.0, padding_idx=1)
+        ref.sum().backward()
+        assert_close(out, ref)
+        assert_close(weight.grad, w64.grad)
+    # The range check runs inside the op at run time, so it still fires in the compiled graph.
+    with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(IndexError, match="index 40"):
+        compiled(randn((40, 3), requires_grad=True), torch.tensor([[0, 40], [1, 2]], device=DEVICE))
+
+
+def test_compile_helper_forward_only():
+    assert_compiles_without_recompiles(
+        lambda w, i: npu_liger.embedding(w, i) + 1.0,
+        lambda n: (randn((n + 3, 5)), make_indices((n, 3), n + 3, torch.int32)),
+        [4, 9, 17],
+        lambda inputs, got, eager: assert_close(got, F.embedding(inputs[1], inputs[0].double()) + 1.0),
+    )
+
+
+def test_tiling_loops_iterate_with_a_small_ub(small_ub):
+    """A 4 KiB UB: with D = 300 the forward walks 128-column blocks, the sorted backward 16-column blocks and
+    the atomic backward 64-column blocks, one token per tile; with D = 3 the forward's token blocks are 32
+    wide, and 1500 tokens make 47 of them, so the 40 programs of the persistent grid loop."""
+    small_ub(4096)
+    forward = embedding_kernels._token_plan("cpu", 30, 300, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
+    assert forward.tiles == ((1, 128),) and forward.max_programs == 40
+    assert embedding_kernels._sorted_plan("cpu", 300).tiles == ((8, 16),)
+    atomic = embedding_kernels._token_plan("cpu", 30, 300, embedding_kernels.ATOMIC_BACKWARD_MEMORY_MULTIPLIER)
+    assert atomic.tiles == ((1, 64),)
+    many_tokens = embedding_kernels._token_plan("cpu", 1500, 3, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
+    assert many_tokens.tiles == ((32, 4),)
+    for deterministic in (False, True):
+        check_forward_backward(randn((20, 300)), make_indices((2, 15), 20), 3, deterministic)
+        check_forward_backward(randn((20, 300), torch.bfloat16, noncontiguous=True),
+                               make_indices((30,), 20, distinct=5), None, deterministic)
+        check_forward_backward(randn((50, 3)), make_indices((1500,), 50, torch.int32), 7, deterministic)
+
+
+def test_module_matches_torch_embedding():
+    torch.manual_seed(0)
+    ours = npu_liger.nn.Embedding(23, 9, padding_idx=-1).to(DEVICE)
+    assert ours.padding_idx == 22 and not ours.weight[22].any()
+    ref = torch.nn.Embedding(23, 9, padding_idx=-1).to(DEVICE)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    ours.load_state_dict(ref.state_dict())
+    indices = make_indices((4, 6), 23)
+    indices[0, 0] = 22
+    out, out_ref = ours(indices), ref(indices)
+    assert torch.equal(out, out_ref)
+    grad = randn(out.shape)
+    out.backward(grad)
+    out_ref.backward(grad)
+    assert_close(ours.weight.grad, ref.weight.grad.double())
+    assert not ours.weight.grad[22].any()
+    assert "23, 9, padding_idx=22" in repr(ours)
+    with pytest.raises(ValueError, match="padding_idx must be within"):
+        npu_liger.nn.Embedding(5, 2, padding_idx=5)
+
+
+def test_gradient_flows_to_weight_only_and_double_backward_raises():
+    weight = randn((6, 4), requires_grad=True)
+    indices = torch.tensor([1, 1, 5], device=DEVICE)
+    with torch.no_grad():
+        assert not npu_liger.embedding(weight, indices).requires_grad
+    assert not npu_liger.embedding(weight.detach(), indices).requires_grad
+    eager, dispatched = npu_liger.embedding(weight, indices), embedding_op(weight, indices)
+    assert torch.equal(eager, dispatched)
+    (grad_eager,) = torch.autograd.grad(eager.sum(), weight)
+    grad_out = torch.ones_like(dispatched).requires_grad_(True)
+    (grad_op,) = torch.autograd.grad(dispatched, weight, grad_out, create_graph=True)
+    assert torch.equal(grad_eager, grad_op) and torch.equal(grad_op[1], torch.full((4,), 2.0, device=DEVICE))
+    with pytest.raises(NotImplementedError, match="double backward"):
+        grad_op.sum().backward()
+
+
+def test_ops_are_registered_for_every_backend_key():
+    for op in ["embedding", "embedding_backward"]:
+        for key in ["CPU", "CUDA", "PrivateUse1"]:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"npu_liger::{op}", key), (op, key)
+
+
+def _idx(*values):
+    return lambda: torch.tensor(values, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    "weight, indices, padding_idx, error, match",
+    [
+        (lambda: torch.ones(4, 3, dtype=torch.int64, device=DEVICE), _idx(0), -1, TypeError,
+         "weight must be float32, float16 or bfloat16"),
+        (lambda: randn((4, 3)).double(), _idx(0), -1, TypeError, "weight must be float32"),
+        (lambda: randn((12,)), _idx(0), -1, ValueError, "weight must be 2-D"),
+        (lambda: randn((2, 3, 4)), _idx(0), -1, ValueError, "weight must be 2-D"),
+        (lambda: randn((4, 3)), lambda: randn((2,)), -1, TypeError, "indices must be int32 or int64"),
+        (lambda: randn((4, 3)), lambda: torch.zeros(2, dtype=torch.int16, device=DEVICE), -1, TypeError,
+         "indices must be int32 or int64"),
+        (lambda: randn((4, 3)), lambda: [0, 1], -1, TypeError, "indices must be a torch.Tensor"),
+        (lambda: randn((4, 3)), lambda: torch.zeros(2, dtype=torch.int64, device="meta"), -1, RuntimeError,
+         "indices must be on the device of weight"),
+        (lambda: randn((4, 3)), _idx(0), 4, ValueError, "padding_idx must be < num_embeddings"),
+    ],
+)
+def test_bad_input_raises_clear_error(weight, indices, padding_idx, error, match):
+    with pytest.raises(error, match=match):
+        npu_liger.embedding(weight(), indices(), padding_idx)
+
+
+@pytest.mark.parametrize(
+    "grad_out, indices, num_embeddings, padding_idx, error, match",
+    [
+        (lambda: randn((3, 4)), _idx(0, 1), 5, -1, ValueError, r"grad_out must have shape \(\*indices.shape"),
+        (lambda: randn((2,)), _idx(0, 1), 5, -1, ValueError, "grad_out must have shape"),
+        (lambda: torch.ones(2, 4, dtype=torch.int32, device=DEVICE), _idx(0, 1), 5, -1, TypeError,
+         "grad_out must be float32"),
+        (lambda: randn((2, 4)), lambda: randn((2,)), 5, -1, TypeError, "indices must be int32 or int64"),
+        (lambda: randn((2, 4)), _idx(0, 1), -3, -1, ValueError, "num_embeddings must be >= 0"),
+        (lambda: randn((2, 4)), _idx(0, 1), 5, 5, ValueError, "padding_idx must be < num_embeddings"),
+    ],
+)
+def test_backward_bad_input_raises_clear_error(grad_out, indices, num_embeddings, padding_idx, error, match):
+    with pytest.raises(error, match=match):
+        embedding_backward_op(grad_out(), indices(), num_embeddings, padding_idx)
