@@ -1,49 +1,81 @@
 """Liger-Kernel baselines, when ``liger_kernel`` is importable.
 
-Each op maps to Liger's ``torch.autograd.Function`` (the same class ``liger_kernel.transformers`` calls):
+Each op maps to the function Liger's own model patches call, falling back to the ``torch.autograd.Function``
+behind it (first from the package ``liger_kernel.ops``, which applies Liger's per-device implementation
+selection, then from the op's submodule), so the lookup survives Liger moving files between releases.
+``resolved()`` records what ran.
 
-=============  =====================================================================================
-op             Liger-Kernel
-=============  =====================================================================================
-geglu          ``LigerGELUMulFunction.apply(a, b)`` (``liger_geglu``)
-swiglu         ``LigerSiLUMulFunction.apply(a, b)`` (``liger_swiglu``)
-embedding      ``LigerEmbeddingFunction.apply(weight, indices)`` (``ops/experimental/embedding.py``)
-tvd            ``LigerTVDLossFunction.apply(p, q, None, "batchmean", -100)`` (``liger_tvd``); its backward
-               returns a gradient for p only
-rope           ``LigerRopeFunction.apply(q, k, cos, sin, None, 1)`` (``liger_rotary_pos_emb``)
-qwen2vl_mrope  ``LigerQwen2VLMRopeFunction.apply(q, k, cos, sin, mrope_section, 1)`` (``liger_qwen2vl_mrope``)
-llama4_rope    ``LigerLlama4RopeFunction.apply(q, k, freqs_cis)`` (``liger_llama4_text_rotary_pos_emb``)
-=============  =====================================================================================
+=============  ==========================================================================================
+op             Liger-Kernel (first that imports)
+=============  ==========================================================================================
+geglu          ``transformers.functional.liger_geglu(a, b)``; ``LigerGELUMulFunction.apply(a, b)``
+swiglu         ``transformers.functional.liger_swiglu(a, b)``; ``LigerSiLUMulFunction.apply(a, b)``
+embedding      ``LigerEmbeddingFunction.apply(weight, indices)`` (``ops/experimental/embedding.py``; no functional)
+tvd            ``transformers.functional.liger_tvd(p, q, None, "batchmean", -100)``;
+               ``LigerTVDLossFunction.apply(...)``; its backward returns a gradient for p only
+rope           ``transformers.rope.liger_rotary_pos_emb(q, k, cos, sin)``; ``LigerRopeFunction.apply(...)[:2]``
+qwen2vl_mrope  ``transformers.qwen2vl_mrope.liger_multimodal_rotary_pos_emb(q, k, cos, sin, section)``;
+               ``LigerQwen2VLMRopeFunction.apply(...)[:2]``
+llama4_rope    ``transformers.llama4_rope.liger_llama4_text_rotary_pos_emb(q, k, freqs_cis)``;
+               ``LigerLlama4RopeFunction.apply(q, k, freqs_cis)``
+=============  ==========================================================================================
 
 Liger rotates q/k in place (the rope family, and dq/dk in backward) and writes the geglu/swiglu gradients into
-the saved inputs, so the harness hands every variant fresh inputs. Classes are looked up first in the
-package (``liger_kernel.ops``, which applies Liger's per-device implementation selection) and then in the
-submodules, so the lookup survives Liger moving files between releases; ``resolved()`` says what was used.
+the saved inputs, so the harness hands every variant fresh inputs.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-CANDIDATES: Dict[str, Tuple[str, ...]] = {
-    "geglu": ("liger_kernel.ops:LigerGELUMulFunction", "liger_kernel.ops.geglu:LigerGELUMulFunction"),
-    "swiglu": ("liger_kernel.ops:LigerSiLUMulFunction", "liger_kernel.ops.swiglu:LigerSiLUMulFunction"),
-    "embedding": (
-        "liger_kernel.ops:LigerEmbeddingFunction",
-        "liger_kernel.ops.experimental.embedding:LigerEmbeddingFunction",
-        "liger_kernel.ops.embedding:LigerEmbeddingFunction",
-    ),
-    "tvd": ("liger_kernel.ops:LigerTVDLossFunction", "liger_kernel.ops.tvd:LigerTVDLossFunction"),
-    "rope": ("liger_kernel.ops:LigerRopeFunction", "liger_kernel.ops.rope:LigerRopeFunction"),
-    "qwen2vl_mrope": (
-        "liger_kernel.ops:LigerQwen2VLMRopeFunction",
-        "liger_kernel.ops.qwen2vl_mrope:LigerQwen2VLMRopeFunction",
-    ),
-    "llama4_rope": (
-        "liger_kernel.ops:LigerLlama4RopeFunction",
-        "liger_kernel.ops.llama4_rope:LigerLlama4RopeFunction",
-    ),
+from .specs import mrope_section_for
+
+
+def _t(x):
+    return x.transpose(1, 2)
+
+
+def _first2(out):
+    return tuple(out)[:2]  # some releases return (q, k, cos, sin) from LigerRopeFunction
+
+
+def _gated(fn_is_class):
+    return lambda f: (lambda a, b: (f.apply(a, b),)) if fn_is_class else (lambda a, b: (f(a, b),))
+
+
+_ROPE = lambda f: lambda q, k, cos, sin: _first2(f(_t(q), _t(k), cos, sin))  # noqa: E731
+_ROPE_CLS = lambda c: lambda q, k, cos, sin: _first2(c.apply(_t(q), _t(k), cos, sin, None, 1))  # noqa: E731
+_MROPE = lambda f: lambda q, k, cos, sin: _first2(  # noqa: E731
+    f(_t(q), _t(k), cos, sin, list(mrope_section_for(q.shape[-1]))))
+_MROPE_CLS = lambda c: lambda q, k, cos, sin: _first2(  # noqa: E731
+    c.apply(_t(q), _t(k), cos, sin, list(mrope_section_for(q.shape[-1])), 1))
+_TVD = lambda f: lambda p, q: (f(p, q, None, "batchmean", -100),)  # noqa: E731
+_TVD_CLS = lambda c: lambda p, q: (c.apply(p, q, None, "batchmean", -100),)  # noqa: E731
+_LLAMA4 = lambda f: lambda q, k, freqs: _first2(f(q, k, freqs))  # noqa: E731
+_LLAMA4_CLS = lambda c: lambda q, k, freqs: _first2(c.apply(q, k, freqs))  # noqa: E731
+_EMB_CLS = lambda c: lambda weight, indices: (c.apply(weight, indices),)  # noqa: E731
+
+F = "liger_kernel.transformers.functional"
+CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
+    "geglu": [(f"{F}:liger_geglu", _gated(False)), ("liger_kernel.ops:LigerGELUMulFunction", _gated(True)),
+              ("liger_kernel.ops.geglu:LigerGELUMulFunction", _gated(True))],
+    "swiglu": [(f"{F}:liger_swiglu", _gated(False)), ("liger_kernel.ops:LigerSiLUMulFunction", _gated(True)),
+               ("liger_kernel.ops.swiglu:LigerSiLUMulFunction", _gated(True))],
+    "embedding": [("liger_kernel.ops:LigerEmbeddingFunction", _EMB_CLS),
+                  ("liger_kernel.ops.experimental.embedding:LigerEmbeddingFunction", _EMB_CLS),
+                  ("liger_kernel.ops.embedding:LigerEmbeddingFunction", _EMB_CLS)],
+    "tvd": [(f"{F}:liger_tvd", _TVD), ("liger_kernel.ops:LigerTVDLossFunction", _TVD_CLS),
+            ("liger_kernel.ops.tvd:LigerTVDLossFunction", _TVD_CLS)],
+    "rope": [("liger_kernel.transformers.rope:liger_rotary_pos_emb", _ROPE),
+             ("liger_kernel.ops:LigerRopeFunction", _ROPE_CLS), ("liger_kernel.ops.rope:LigerRopeFunction", _ROPE_CLS)],
+    "qwen2vl_mrope": [("liger_kernel.transformers.qwen2vl_mrope:liger_multimodal_rotary_pos_emb", _MROPE),
+                      (f"{F}:liger_qwen2vl_mrope", _MROPE),
+                      ("liger_kernel.ops:LigerQwen2VLMRopeFunction", _MROPE_CLS),
+                      ("liger_kernel.ops.qwen2vl_mrope:LigerQwen2VLMRopeFunction", _MROPE_CLS)],
+    "llama4_rope": [("liger_kernel.transformers.llama4_rope:liger_llama4_text_rotary_pos_emb", _LLAMA4),
+                    ("liger_kernel.ops:LigerLlama4RopeFunction", _LLAMA4_CLS),
+                    ("liger_kernel.ops.llama4_rope:LigerLlama4RopeFunction", _LLAMA4_CLS)],
 }
 
 _RESOLVED: Dict[str, str] = {}
@@ -69,42 +101,20 @@ def available() -> bool:
         return False
 
 
-def function_class(op: str):
-    """Liger's autograd Function for ``op``; raises ImportError naming every place looked at."""
+def variant(op: str) -> Callable:
+    """A function with the harness's argument convention for ``op`` (see ``specs.py``) that runs Liger;
+    raises ImportError naming every place looked at."""
     errors = []
-    for candidate in CANDIDATES[op]:
+    for candidate, adapt in CANDIDATES[op]:
         module_name, attr = candidate.split(":")
         try:
-            cls = getattr(importlib.import_module(module_name), attr)
+            obj = getattr(importlib.import_module(module_name), attr)
         except Exception as exc:  # ImportError, AttributeError, or a backend failing to initialise
             errors.append(f"{candidate}: {type(exc).__name__}: {exc}")
             continue
-        _RESOLVED[op] = f"{cls.__module__}.{cls.__qualname__}"
-        return cls
+        _RESOLVED[op] = f"{getattr(obj, '__module__', module_name)}.{getattr(obj, '__qualname__', attr)}"
+        return adapt(obj)
     raise ImportError(f"Liger-Kernel has no {op}: " + "; ".join(errors))
-
-
-def variant(op: str) -> Callable:
-    """A function with the harness's argument convention for ``op`` (see ``specs.py``) that runs Liger."""
-    cls = function_class(op)
-    apply = cls.apply
-    if op in ("geglu", "swiglu"):
-        return lambda a, b: (apply(a, b),)
-    if op == "embedding":
-        return lambda weight, indices: (apply(weight, indices),)
-    if op == "tvd":
-        return lambda p, q: (apply(p, q, None, "batchmean", -100),)
-    if op == "rope":
-        return lambda q, k, cos, sin: tuple(apply(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, 1))
-    if op == "qwen2vl_mrope":
-        from .specs import mrope_section_for
-
-        return lambda q, k, cos, sin: tuple(
-            apply(q.transpose(1, 2), k.transpose(1, 2), cos, sin, list(mrope_section_for(q.shape[-1])), 1)
-        )
-    if op == "llama4_rope":
-        return lambda q, k, freqs: tuple(apply(q, k, freqs))
-    raise KeyError(op)
 
 
 def resolved() -> Dict[str, str]:

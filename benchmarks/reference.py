@@ -61,14 +61,41 @@ def _local_llama4_rotary_emb(xq, xk, freqs_cis):
 SOURCES: Dict[str, str] = {}
 
 
-def _resolve(key: str, module: str, name: str, fallback):
+def _resolve(key: str, module: str, name: str, fallback, probe):
+    """transformers' function when importable and equal to the formula on a small probe, else ``fallback``."""
     try:
         fn = getattr(__import__(module, fromlist=[name]), name)
-        SOURCES[key] = f"{module}.{name}"
-        return fn
     except Exception:  # transformers missing, or the function moved in this version
         SOURCES[key] = f"local copy of the HF formula ({module}.{name} not importable)"
         return fallback
+    try:
+        args = probe()
+        ok = all(torch.allclose(x, y, atol=1e-6) for x, y in zip(fn(*args), fallback(*args)))
+    except Exception:
+        ok = False
+    if not ok:  # e.g. replaced by a hub kernel: not the eager baseline any more
+        SOURCES[key] = f"local copy of the HF formula ({module}.{name} differs from it on a probe)"
+        return fallback
+    SOURCES[key] = f"{module}.{name}"
+    return fn
+
+
+def _probe_rope():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 8, generator=g), torch.randn(1, 1, 3, 8, generator=g)
+    return q, k, torch.randn(1, 3, 8, generator=g), torch.randn(1, 3, 8, generator=g)
+
+
+def _probe_mrope():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 16, generator=g), torch.randn(1, 1, 3, 16, generator=g)
+    return q, k, torch.randn(3, 1, 3, 16, generator=g), torch.randn(3, 1, 3, 16, generator=g), [2, 3, 3]
+
+
+def _probe_llama4():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 3, 2, 8, generator=g), torch.randn(1, 3, 1, 8, generator=g)
+    return q, k, torch.polar(torch.ones(1, 3, 4), torch.randn(1, 3, 4, generator=g))
 
 
 _hf_rope = None
@@ -80,11 +107,11 @@ def _load():
     global _hf_rope, _hf_mrope, _hf_llama4
     if _hf_rope is None:
         _hf_rope = _resolve("rope", "transformers.models.llama.modeling_llama", "apply_rotary_pos_emb",
-                            _local_rotary_pos_emb)
+                            _local_rotary_pos_emb, _probe_rope)
         _hf_mrope = _resolve("qwen2vl_mrope", "transformers.models.qwen2_vl.modeling_qwen2_vl",
-                             "apply_multimodal_rotary_pos_emb", _local_multimodal_rotary_pos_emb)
+                             "apply_multimodal_rotary_pos_emb", _local_multimodal_rotary_pos_emb, _probe_mrope)
         _hf_llama4 = _resolve("llama4_rope", "transformers.models.llama4.modeling_llama4", "apply_rotary_emb",
-                              _local_llama4_rotary_emb)
+                              _local_llama4_rotary_emb, _probe_llama4)
 
 
 def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> Tuple[Tensor, Tensor]:

@@ -154,7 +154,7 @@ def format_cudagraphs(cg: Optional[Dict]) -> str:
             parts.append(f"{key}: {v:.1e}" if isinstance(v, float) else f"{key}: {v}")
     parts.append("ops through npu_liger: " + (", ".join(cg.get("npu_liger_ops", [])) or "none"))
     if cg.get("eager_fallback_ops"):
-        parts.append("eager formula (npu_liger lacks them): " + ", ".join(cg["eager_fallback_ops"]))
+        parts.append("as eager formula (not in npu_liger or not in --ops): " + ", ".join(cg["eager_fallback_ops"]))
     for m in cg.get("skip_messages", [])[:10]:
         parts.append(f"log: {m}")
     return "\n".join(parts)

@@ -35,6 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--ops", default="all", help="comma-separated ops (default: all): geglu,swiglu,embedding,tvd,"
                    "rope,qwen2vl_mrope,llama4_rope")
     p.add_argument("--quick", action="store_true", help="only the issue's shapes (skip the token sweep)")
+    p.add_argument("--sweep-only", action="store_true", help="only the token sweep (to split a long run; see --merge)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, few repetitions (implies --quick)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cuda (default) or cpu (Triton interpreter; wall-clock timer; no torch.compile/Liger)")
@@ -137,6 +138,7 @@ def main(argv=None) -> int:
             setattr(torch._dynamo.config, attr, 64)
 
     started = time.time()
+    eager_sources = reference.sources()  # resolve the HF formulas before anything (Liger) can patch transformers
     timer = measure.Timer(device, args.warmup_ms, args.rep_ms, cpu_reps=3 if args.smoke else 10)
     use_compile = not (cpu or args.no_compile)
     use_liger = not (cpu or args.no_liger) and liger.available()
@@ -172,14 +174,14 @@ def main(argv=None) -> int:
             _say(f"npu_liger.{name}: not available ({why})" + (
                 "; timing the other variants only" if args.include_missing else "; skipped"))
     meta["npu_liger_ops"] = available
-    meta["eager_sources"] = reference.sources()
+    meta["eager_sources"] = eager_sources
     out_paths = {}
 
     def save():
         nonlocal out_paths
         data["rows"] = report.sort_rows(data["rows"])
         report.finish_rows(data["rows"])
-        meta["liger_classes"] = liger.resolved()
+        meta["liger_resolved"] = liger.resolved()
         meta["elapsed_s"] = round(time.time() - started, 1)
         out_paths = report.write_all(data, args.out)
 
@@ -228,13 +230,14 @@ def main(argv=None) -> int:
             eager = spec.eager_variant()
             variants.append(("eager", eager))
             if use_compile:
-                variants.append(("torch.compile", torch.compile(spec.eager_variant())))
+                variants.append(("torch.compile", spec.compiled_variant()))
             if use_liger:
                 try:
                     variants.append(("liger", liger.variant(name)))
                 except Exception as exc:
                     _say(f"  liger: {name} not available ({str(exc)[:200]})")
-            kinds = ["smoke"] if args.smoke else (["main"] if args.quick else ["main", "sweep"])
+            kinds = ["smoke"] if args.smoke else ["main"] if args.quick else ["sweep"] if args.sweep_only \
+                else ["main", "sweep"]
             for case in [c for kind in kinds for c in spec.cases(kind)]:
                 try:
                     ref = measure.Reference(eager, case, device)
@@ -255,6 +258,13 @@ def main(argv=None) -> int:
                         mismatches.append(f"{name} {case.label} {variant}: {report._check(row)}")
                 del ref
             save()
+            _say(f"  ({name} done at {time.time() - started:.0f} s)")
+        try:
+            from torch._dynamo.utils import counters
+
+            meta["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+        except Exception:
+            pass
 
     # -- CUDA graphs -------------------------------------------------------------------------------------
     if "cudagraphs" not in args.skip:

@@ -135,13 +135,20 @@ class OpSpec:
         return run
 
     def eager_variant(self) -> Callable:
-        eager = self.eager
+        return _as_tuple_fn(self.eager)
 
-        def run(*args):
-            out = eager(*args)
-            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    def compiled_variant(self, **compile_kwargs) -> Callable:
+        """``torch.compile`` of the eager formula itself: each op has its own code object, so Dynamo's per-code
+        cache (and recompile limit) is per op, and shape changes across the sweep go dynamic once."""
+        return _as_tuple_fn(torch.compile(self.eager, **compile_kwargs))
 
-        return run
+
+def _as_tuple_fn(fn: Callable) -> Callable:
+    def run(*args):
+        out = fn(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    return run
 
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
