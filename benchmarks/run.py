@@ -133,6 +133,8 @@ def main(argv=None) -> int:
     if bad:
         print(f"unknown ops {bad}; known: {specs.op_names()}", file=sys.stderr)
         return 2
+    import torch._dynamo
+
     for attr in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, attr):
             setattr(torch._dynamo.config, attr, 64)

@@ -23,9 +23,8 @@ tvd                 p, q read: 2 N                                       + grads
 from __future__ import annotations
 
 import importlib
-import math
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
