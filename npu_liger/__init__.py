@@ -5,6 +5,7 @@ and exposes the functional API (``npu_liger.geglu(a, b)``, ...). Nothing here to
 """
 
 from . import nn, registrations, tiling
+from .registrations import _sharding  # noqa: F401  (DTensor sharding rules, once every op is defined)
 
 globals().update(registrations.FUNCTIONAL_API)
 
