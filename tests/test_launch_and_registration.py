@@ -71,10 +71,15 @@ def test_plans_are_memoised():
     assert plan_launch("cuda", ELEMENTWISE) is plan_launch("cuda", ELEMENTWISE)
 
 
-def test_ops_are_registered_for_every_backend_key():
-    for op in ["geglu", "geglu_backward"]:
-        for key in ["CPU", "CUDA", "PrivateUse1"]:
-            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"npu_liger::{op}", key), (op, key)
+ALL_OPS = ["geglu", "swiglu", "embedding", "tvd", "rope", "qwen2vl_mrope", "llama4_rope"]
+
+
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_ops_are_registered_for_every_backend_key(op):
+    for name in [op, f"{op}_backward"]:
+        for key in ["CPU", "CUDA", "PrivateUse1", "Autograd", "Meta"]:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"npu_liger::{name}", key), (name, key)
+    assert callable(getattr(npu_liger, op)) and op in npu_liger.__all__
 
 
 def test_npu_registration_path_after_privateuse1_rename():
@@ -90,14 +95,15 @@ def test_npu_registration_path_after_privateuse1_rename():
             import npu_liger
             torch.utils.rename_privateuse1_backend("npu")
         assert torch._C._get_privateuse1_backend_name() == "npu"
-        assert torch._C._dispatch_has_kernel_for_dispatch_key("npu_liger::geglu", "PrivateUse1")
-        assert torch._C._dispatch_has_kernel_for_dispatch_key("npu_liger::geglu_backward", "PrivateUse1")
+        for op in {ops!r}:
+            for name in [op, op + "_backward"]:
+                assert torch._C._dispatch_has_kernel_for_dispatch_key("npu_liger::" + name, "PrivateUse1"), name
         print("ok")
         """
     )
     env = dict(os.environ, TRITON_INTERPRET="1")
     for order in ["rename-first", "import-first"]:
-        result = subprocess.run([sys.executable, "-c", script.format(order=order)], capture_output=True, text=True,
+        result = subprocess.run([sys.executable, "-c", script.format(order=order, ops=ALL_OPS)], capture_output=True, text=True,
                                 env=env, timeout=300)
         assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
