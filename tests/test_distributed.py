@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -95,6 +96,11 @@ def launch(names, timeout_s: float = LAUNCH_TIMEOUT_S) -> dict:
             results.setdefault(name, status)
     for log in logs:
         log.close()
+    if all(status == "ok" for status in results.values()):
+        shutil.rmtree(out_dir, ignore_errors=True)
+    else:
+        results = {name: status if status == "ok" else f"{status}\n(worker logs: {out_dir})"
+                   for name, status in results.items()}
     return results
 
 
@@ -274,7 +280,8 @@ def embedding_op(env):
             layout(S(1), R, out=(S(2),)), layout(S(0), R, no_comm=False)], grads=(0,))
     # the backward op with a Partial gradient and replicated indices stays Partial
     g = env.randn(3, 5, 8, seed=5)
-    got = torch.ops.npu_liger.embedding_backward(_from_local(env, g / env.world, P), _from_local(env, indices, R), 11, 2)
+    got = torch.ops.npu_liger.embedding_backward(_from_local(env, g / env.world, P), _from_local(env, indices, R),
+                                                 11, 2)
     assert got.placements == (P,), got.placements
     torch.testing.assert_close(got.full_tensor(), torch.ops.npu_liger.embedding_backward(g, indices, 11, 2))
 

@@ -129,17 +129,16 @@ def _rules(api):
             rules.append(([pq, pq], [grad, pq, pq, lab, None, None]))
         return rules
 
-    def rotary(batch_dim, head_dim, seq_dim, tables, table_batch_dim, extra):
-        """q/k sharded on batch, heads or seq (never head_dim); the tables (cos/sin or freqs_cis) follow the
-        batch when they carry one (size > 1), follow the sequence on their seq dim (ndim - 2), else replicate."""
+    def rotary(batch_dim, heads_dim, seq_dim, tables, table_batch_dim, extra):
+        """q/k sharded on batch, heads or seq (never head_dim: the rotary pairs); the ``tables`` table arguments
+        (cos/sin or freqs_cis, all one shape) follow the batch when they carry one (size > 1, at
+        ``table_batch_dim``), follow the sequence on their seq dim (always ndim - 2), else replicate. ``extra``:
+        trailing non-tensor arguments."""
 
-        def rule(q, k, *args):
-            specs = args[:tables]
-            t = specs[0]
-            t_batch = S(table_batch_dim) if t.ndim >= 3 and t.shape[table_batch_dim] > 1 else R
-            cases = [(R, R), (S(batch_dim), t_batch), (S(head_dim), R), (S(seq_dim), S(t.ndim - 2))]
-            out = [([qk, qk], [qk, qk] + [tab] * tables + [None] * extra) for qk, tab in cases]
-            return out
+        def rule(q, k, table, *args):
+            t_batch = S(table_batch_dim) if table.ndim >= 3 and table.shape[table_batch_dim] > 1 else R
+            cases = [(R, R), (S(batch_dim), t_batch), (S(heads_dim), R), (S(seq_dim), S(table.ndim - 2))]
+            return [([qk, qk], [qk, qk] + [tab] * tables + [None] * extra) for qk, tab in cases]
 
         def backward_rule(grad_q, grad_k, *args):
             return rule(grad_q, grad_k, *args) + [([P, P], [P, P] + [R] * tables + [None] * extra)]
