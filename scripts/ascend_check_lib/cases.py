@@ -1,0 +1,168 @@
+"""The case table: every op of DESIGN.md section 4 x representative problem sizes (the benchmark shapes and small
+odd ones). Inputs are named as in the op contracts and handed to ``npu_liger.npu_ops.<op>.<op>_forward`` /
+``<op>_backward`` by parameter name, so the table does not depend on argument order.
+
+Float tensors are ``torch.empty`` (never read: no kernel runs), so even the large shapes cost address space,
+not memory; integer tensors (indices, labels) are zeros because launchers check their range on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Problem:
+    name: str
+    build: Callable[[torch.dtype], Dict[str, Any]]
+    bench: bool = False  # the benchmark shape: used for the headroom probe
+
+
+@dataclass
+class Call:
+    label: str  # "fwd", "bwd", "bwd-det"
+    launcher: str  # attribute of npu_liger.npu_ops.<op>
+    deterministic: bool = False  # run under torch.use_deterministic_algorithms(True)
+
+
+@dataclass
+class Op:
+    name: str
+    problems: List[Problem]
+    calls: List[Call] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.calls:
+            self.calls = [Call("fwd", f"{self.name}_forward"), Call("bwd", f"{self.name}_backward")]
+
+
+def _e(*shape, dtype):
+    return torch.empty(shape, dtype=dtype)
+
+
+def _bshd(bsz, seq, heads, hd, dtype):
+    """(bsz, heads, seq, head_dim) as a transposed view of (bsz, seq, heads, head_dim): HF's q/k layout."""
+    return torch.empty((bsz, seq, heads, hd), dtype=dtype).transpose(1, 2)
+
+
+def _glu(rows, cols):
+    def build(dtype):
+        return {"a": _e(rows, cols, dtype=dtype), "b": _e(rows, cols, dtype=dtype), "grad_c": _e(rows, cols, dtype=dtype)}
+    return build
+
+
+def _embedding(vocab, dim, index_shape, index_dtype, padding_idx):
+    def build(dtype):
+        return {"weight": _e(vocab, dim, dtype=dtype), "indices": torch.zeros(index_shape, dtype=index_dtype),
+                "padding_idx": padding_idx, "num_embeddings": vocab,
+                "grad_out": _e(*index_shape, dim, dtype=dtype)}
+    return build
+
+
+def _tvd(rows, cols, reduction, label_dtype):
+    def build(dtype):
+        grad = _e(rows, cols, dtype=dtype) if reduction == "none" else torch.ones((), dtype=dtype)
+        labels = None if label_dtype is None else torch.zeros(rows, dtype=label_dtype)
+        return {"p": _e(rows, cols, dtype=dtype), "q": _e(rows, cols, dtype=dtype), "shift_labels": labels,
+                "reduction": reduction, "ignore_index": -100, "grad_out": grad}
+    return build
+
+
+def _rope(bsz, seq, q_heads, kv_heads, hd, cos_shape):
+    def build(dtype):
+        return {"q": _bshd(bsz, seq, q_heads, hd, dtype), "k": _bshd(bsz, seq, kv_heads, hd, dtype),
+                "grad_q": _bshd(bsz, seq, q_heads, hd, dtype), "grad_k": _bshd(bsz, seq, kv_heads, hd, dtype),
+                "cos": _e(*cos_shape, dtype=dtype), "sin": _e(*cos_shape, dtype=dtype)}
+    return build
+
+
+def _mrope(bsz, seq, q_heads, kv_heads, hd, section):
+    def build(dtype):
+        values = _rope(bsz, seq, q_heads, kv_heads, hd, (3, bsz, seq, hd))(dtype)
+        values["mrope_section"] = list(section)
+        return values
+    return build
+
+
+def _llama4(bsz, seq, q_heads, kv_heads, hd, freqs_shape):
+    def build(dtype):
+        return {"q": _e(bsz, seq, q_heads, hd, dtype=dtype), "k": _e(bsz, seq, kv_heads, hd, dtype=dtype),
+                "grad_q": _e(bsz, seq, q_heads, hd, dtype=dtype), "grad_k": _e(bsz, seq, kv_heads, hd, dtype=dtype),
+                "freqs_cis": torch.empty(freqs_shape, dtype=torch.complex64)}
+    return build
+
+
+OPS: List[Op] = [
+    Op("geglu", [Problem("8192x14336", _glu(8192, 14336), bench=True), Problem("7x131", _glu(7, 131)),
+                 Problem("1x1", _glu(1, 1))]),
+    Op("swiglu", [Problem("8192x14336", _glu(8192, 14336), bench=True), Problem("7x131", _glu(7, 131)),
+                  Problem("1x1", _glu(1, 1))]),
+    Op("embedding",
+       [Problem("V128256 D4096 16384tok i64", _embedding(128256, 4096, (4, 4096), torch.int64, -1), bench=True),
+        Problem("V1001 D129 3x5tok i32 pad0", _embedding(1001, 129, (3, 5), torch.int32, 0))],
+       [Call("fwd", "embedding_forward"), Call("bwd", "embedding_backward"),
+        Call("bwd-det", "embedding_backward", deterministic=True)]),
+    Op("tvd", [Problem("8192x32000 batchmean labels", _tvd(8192, 32000, "batchmean", torch.int64), bench=True),
+               Problem("3x1001 none", _tvd(3, 1001, "none", None)),
+               Problem("5x77 sum i32-labels", _tvd(5, 77, "sum", torch.int32))]),
+    Op("rope", [Problem("b4 s4096 h32/8 d128", _rope(4, 4096, 32, 8, 128, (1, 4096, 128)), bench=True),
+                Problem("b2 s7 h3/1 d72 per-batch cos", _rope(2, 7, 3, 1, 72, (2, 7, 72))),
+                Problem("b1 s5 h4/2 d80 rot32", _rope(1, 5, 4, 2, 80, (5, 32)))]),
+    Op("qwen2vl_mrope",
+       [Problem("b4 s4096 h32/8 d128 [16,24,24]", _mrope(4, 4096, 32, 8, 128, (16, 24, 24)), bench=True),
+        Problem("b2 s7 h3/1 d24 [4,4,4]", _mrope(2, 7, 3, 1, 24, (4, 4, 4)))]),
+    Op("llama4_rope",
+       [Problem("b4 s4096 h32/8 d128", _llama4(4, 4096, 32, 8, 128, (4096, 64)), bench=True),
+        Problem("b2 s7 h3/1 d72 per-batch freqs", _llama4(2, 7, 3, 1, 72, (2, 7, 36)))]),
+]
+
+# Other spellings a launcher might use for a contract input.
+ALIASES = {"grad_out": ("grad_output", "grad", "dy", "grad_c", "grad_loss"), "grad_c": ("grad_out", "grad_output"),
+           "shift_labels": ("labels",), "indices": ("input", "idx"), "num_embeddings": ("vocab_size",)}
+
+
+class MissingInput(Exception):
+    pass
+
+
+def bind_by_name(launcher: Callable, values: Dict[str, Any]):
+    """(args, kwargs) for ``launcher`` from the named contract inputs; parameters with defaults may be left out."""
+    args, kwargs = [], {}
+    for param in inspect.signature(launcher).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        name = param.name
+        if name in values:
+            value = values[name]
+        else:
+            alias = next((c for c, alts in ALIASES.items() if name in alts and c in values), None)
+            if alias is None:
+                if param.default is not param.empty:
+                    continue
+                raise MissingInput(f"{launcher.__name__} wants {name!r}, which the case table does not provide")
+            value = values[alias]
+        if param.kind == param.POSITIONAL_ONLY:
+            args.append(value)
+        else:
+            kwargs[name] = value
+    return args, kwargs
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool):
+    if not enabled:
+        yield
+        return
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
