@@ -789,13 +789,7 @@ if __name__ != "__main__":
             with open(path) as f:
                 return json.load(f)
 
-    _KNOWN_FAILURES = {
-        "eager_entry_with_dtensor_parameters": "registrations/_op.py _eager_entry: isinstance(arg, nn.Parameter) is "
-        "True for a DTensor parameter, so the raw kernel gets DTensors (fix: type(arg) is not torch.nn.Parameter)",
-    }
-
-    @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=_KNOWN_FAILURES[n]))
-                                      if n in _KNOWN_FAILURES else n for n in CASES])
+    @pytest.mark.parametrize("name", CASES)
     def test_distributed(name, distributed_results):
         assert distributed_results[name] == "ok", distributed_results[name]
 

@@ -70,7 +70,7 @@ def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callab
     is_compiling = torch.compiler.is_compiling
     functorch_active = torch._C._are_functorch_transforms_active
     grad_enabled = torch.is_grad_enabled
-    Tensor = torch.Tensor
+    Tensor, Parameter = torch.Tensor, torch.nn.Parameter
 
     def entry(*args):
         if is_compiling() or _dispatch_mode_active() or functorch_active():
@@ -78,7 +78,7 @@ def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callab
         needs_grad = False
         for arg in args:
             if isinstance(arg, Tensor):
-                if type(arg) is not Tensor and not isinstance(arg, torch.nn.Parameter):
+                if type(arg) is not Tensor and type(arg) is not Parameter:
                     return op(*args)  # DTensor, FakeTensor, FunctionalTensor, ...
                 needs_grad = needs_grad or arg.requires_grad
         if needs_grad and grad_enabled():
