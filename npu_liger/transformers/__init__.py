@@ -1,0 +1,59 @@
+"""Hugging Face transformers integration: run transformers models on npu_liger's ops.
+
+    import npu_liger.transformers as nlt
+
+    model = nlt.apply_to_model(model)             # a built model: gated MLPs -> geglu/swiglu, rotary -> rope ops
+    nlt.apply_npu_liger_to_llama()                # or before building: models constructed afterwards are patched
+    model = torch.compile(model, fullgraph=True)  # the ops are opaque graph nodes; no graph breaks
+    nlt.unpatch(model); nlt.revert()              # and back
+
+Families: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 (text), Qwen2-VL (text model), Llama-4 (text).
+Drop-in functions with transformers' signatures: ``apply_rotary_pos_emb``, ``apply_multimodal_rotary_pos_emb``
+(Qwen2-VL), ``apply_rotary_emb`` (Llama-4). ``count_npu_liger_ops()`` shows which ops really ran.
+
+transformers is an optional dependency (the ``hf`` extra): it is imported only when a model or family is
+patched, never by importing this package.
+"""
+
+from __future__ import annotations
+
+from .families import FAMILIES
+from .model import apply_to_family, apply_to_model, patch_summary, revert, unpatch
+from .ops_used import count_npu_liger_ops
+from .rope import apply_multimodal_rotary_pos_emb, apply_rotary_emb, apply_rotary_pos_emb
+
+
+def _family_patcher(name: str, title: str):
+    def patch(*, rope: bool = True, mlp: bool = True, embedding: bool = False) -> None:
+        apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding)
+
+    patch.__name__ = patch.__qualname__ = f"apply_npu_liger_to_{name}"
+    patch.__doc__ = (f"Patch {title} before building models: its rotary function now (module-wide), and its "
+                     f"MLPs{' and experts' if name == 'llama4' else ''} (and, with ``embedding=True``, the input "
+                     f"embedding) of every model constructed afterwards. ``revert({name!r})`` undoes it.")
+    return patch
+
+
+apply_npu_liger_to_llama = _family_patcher("llama", "Llama")
+apply_npu_liger_to_mistral = _family_patcher("mistral", "Mistral")
+apply_npu_liger_to_qwen2 = _family_patcher("qwen2", "Qwen2")
+apply_npu_liger_to_qwen3 = _family_patcher("qwen3", "Qwen3")
+apply_npu_liger_to_gemma = _family_patcher("gemma", "Gemma")
+apply_npu_liger_to_gemma2 = _family_patcher("gemma2", "Gemma2")
+apply_npu_liger_to_gemma3 = _family_patcher("gemma3", "Gemma3 (text model)")
+apply_npu_liger_to_qwen2_vl = _family_patcher("qwen2_vl", "Qwen2-VL (text model)")
+apply_npu_liger_to_llama4 = _family_patcher("llama4", "Llama-4 (text model)")
+
+__all__ = [
+    "FAMILIES",
+    "apply_multimodal_rotary_pos_emb",
+    "apply_rotary_emb",
+    "apply_rotary_pos_emb",
+    "apply_to_family",
+    "apply_to_model",
+    "count_npu_liger_ops",
+    "patch_summary",
+    "revert",
+    "unpatch",
+    *(f"apply_npu_liger_to_{name}" for name in FAMILIES),
+]

@@ -1,0 +1,110 @@
+"""The supported model families: what each one's modeling file calls, and what npu_liger replaces.
+
+Per family: the transformers modeling module; the config attribute naming the MLP activation; the decoder
+model classes (hooked by the ``apply_npu_liger_to_<family>()`` functions so models built afterwards are
+patched as they are constructed); the gated-MLP and stacked-experts classes (patched per instance); and the
+module-level rotary functions the attention layers look up at call time, with their drop-ins and ops.
+Only names present in the installed transformers are touched (Qwen2-VL's text attention calls
+``apply_multimodal_rotary_pos_emb`` in 4.x and, with the M-RoPE sections merged by its rotary module, the plain
+``apply_rotary_pos_emb`` in 5.x: both are covered).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Optional, Tuple
+
+from . import _patching, rope
+from .modules import op_available
+
+# (function name in the modeling module, drop-in, npu_liger op, a fragment of transformers' source for it
+# (whitespace removed) that must be present: a release that changed the math is left alone, with a warning)
+PLAIN_ROPE = (("apply_rotary_pos_emb", rope.apply_rotary_pos_emb, "rope", "(q*cos)+(rotate_half(q)*sin)"),)
+MROPE = (("apply_multimodal_rotary_pos_emb", rope.apply_multimodal_rotary_pos_emb, "qwen2vl_mrope",
+          "cos.split(mrope_section,dim=-1)"),)
+LLAMA4_ROPE = (("apply_rotary_emb", rope.apply_rotary_emb, "llama4_rope",
+                "xq_*freqs_cis[:,:,None,:]"),)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    module: str
+    act_attr: str
+    model_classes: Tuple[str, ...]
+    mlp_classes: Tuple[str, ...]
+    expert_classes: Tuple[str, ...] = ()
+    rope: Tuple[tuple, ...] = PLAIN_ROPE
+
+    def load(self) -> ModuleType:
+        try:
+            import transformers  # noqa: F401
+        except ImportError as error:
+            raise ImportError("npu_liger.transformers patches Hugging Face transformers models, which is not "
+                              "installed: pip install 'npu-liger[hf]'") from error
+        return importlib.import_module(self.module)
+
+
+def _family(name, model_cls, mlp_cls, act_attr="hidden_act", **kw) -> Family:
+    return Family(name, f"transformers.models.{name}.modeling_{name}", act_attr, (model_cls,), (mlp_cls,), **kw)
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        _family("llama", "LlamaModel", "LlamaMLP"),
+        _family("mistral", "MistralModel", "MistralMLP"),
+        _family("qwen2", "Qwen2Model", "Qwen2MLP"),
+        _family("qwen3", "Qwen3Model", "Qwen3MLP"),
+        _family("gemma", "GemmaModel", "GemmaMLP"),
+        _family("gemma2", "Gemma2Model", "Gemma2MLP", act_attr="hidden_activation"),
+        _family("gemma3", "Gemma3TextModel", "Gemma3MLP", act_attr="hidden_activation"),
+        _family("qwen2_vl", "Qwen2VLTextModel", "Qwen2MLP", rope=PLAIN_ROPE + MROPE),
+        _family("llama4", "Llama4TextModel", "Llama4TextMLP", expert_classes=("Llama4TextExperts",),
+                rope=LLAMA4_ROPE),
+    )
+}
+FAMILY_BY_MODULE = {f.module: f for f in FAMILIES.values()}
+
+
+def patch_rope(family: Family) -> list:
+    """Point the family's module-level rotary functions at the drop-ins; returns the names patched. This is
+    global to the modeling module (its attention layers look the name up at call time), i.e. it reaches every
+    model of the family in the process."""
+    module, patched = family.load(), []
+    for fname, dropin, op, fragment in family.rope:
+        if not hasattr(module, fname):
+            continue
+        source = _source(_patching.original_attr(module, fname))
+        if source is not None and fragment not in source:
+            warnings.warn(f"npu_liger: {family.name}'s {fname} is not the computation npu_liger knows (a "
+                          f"different transformers version?); left as it is", stacklevel=3)
+        elif op_available(op):
+            _patching.set_attr(module, fname, dropin)
+            patched.append(fname)
+        else:
+            warnings.warn(f"npu_liger: the {op} op is not available in this npu_liger build; {family.name}'s "
+                          f"{fname} is left as transformers wrote it", stacklevel=3)
+    return patched
+
+
+def restore_rope(family: Family) -> None:
+    module = family.load()
+    for fname, *_ in family.rope:
+        _patching.restore_attr(module, fname)
+
+
+def rope_patched(family: Family) -> list:
+    module = family.load()
+    return [fname for fname, dropin, *_ in family.rope if getattr(module, fname, None) is dropin]
+
+
+def _source(func) -> Optional[str]:
+    try:
+        return "".join(inspect.getsource(func).split())
+    except (OSError, TypeError):
+        return None

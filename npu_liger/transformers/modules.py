@@ -1,0 +1,178 @@
+"""Per-instance patches of transformers modules: gated MLPs, Llama-4 experts, input embeddings.
+
+A patched module gets its own ``forward`` (an instance attribute shadowing the class's), so only that module
+changes, its parameters and state dict stay as they are, and ``_patching.restore_instance`` undoes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import warnings
+from typing import Optional
+
+import torch
+from torch import nn
+
+import npu_liger  # the functional API: eager fast path, the registered op under compile/dispatch modes
+
+from . import _patching
+
+# Config activation -> npu_liger op computing ``act(gate) * up`` in one kernel.
+GATED_OPS = {"gelu_pytorch_tanh": "geglu", "silu": "swiglu", "swish": "swiglu"}
+
+
+def op_available(name: str) -> bool:
+    """Whether ``torch.ops.npu_liger.<name>`` and its functional ``npu_liger.<name>`` exist in this build."""
+    return hasattr(torch.ops.npu_liger, name) and callable(getattr(npu_liger, name, None))
+
+
+def _activation_module(module: nn.Module) -> Optional[nn.Module]:
+    for name in ("act_fn", "activation_fn"):  # Llama-4's MLP calls it activation_fn
+        act = getattr(module, name, None)
+        if act is not None:
+            return act
+    return None
+
+
+def _gated_op_name(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
+    """The op for ``module``'s activation, or None (with a warning) when it must be left alone. The config's
+    activation string decides; the module's activation object must be the one that string builds (so a model
+    whose activation was swapped after construction is not silently changed)."""
+    from transformers.activations import ACT2FN
+
+    where = f"{type(module).__name__}"
+    op = GATED_OPS.get(act_name) if isinstance(act_name, str) else None
+    if op is None:
+        warnings.warn(f"npu_liger: {where} uses activation {act_name!r}; only {sorted(GATED_OPS)} have a fused "
+                      f"npu_liger kernel, so this MLP is left unpatched", stacklevel=4)
+        return None
+    act = _activation_module(module)
+    if type(act) is not type(ACT2FN[act_name]):
+        warnings.warn(f"npu_liger: {where}'s activation is {type(act).__name__}, not the {act_name!r} its config "
+                      f"names; left unpatched", stacklevel=4)
+        return None
+    if not op_available(op):
+        warnings.warn(f"npu_liger: the {op} op is not available in this npu_liger build; {where} left unpatched",
+                      stacklevel=4)
+        return None
+    return op
+
+
+# What the patched forwards replace, as transformers writes it (whitespace removed). A class whose forward no
+# longer contains its pattern (a transformers release that changed the computation) is left alone with a
+# warning rather than silently given different semantics.
+_MLP_PATTERNS = ("self.act_fn(self.gate_proj(x))*self.up_proj(x)", "self.activation_fn(self.gate_proj(x))*self.up_proj(x)")
+_EXPERTS_PATTERNS = ("torch.bmm(hidden_states,self.gate_up_proj)", "up*self.act_fn(gate)", "self.down_proj)")
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_source(cls: type) -> Optional[str]:
+    try:
+        return "".join(inspect.getsource(cls.forward).split())
+    except (OSError, TypeError):
+        return None  # no source to check (e.g. a frozen install): trust the class name
+
+
+def _forward_is_known(module: nn.Module, patterns, require_all: bool) -> bool:
+    source = _forward_source(type(module))
+    if source is None:
+        return True
+    found = [p in source for p in patterns]
+    if all(found) if require_all else any(found):
+        return True
+    warnings.warn(f"npu_liger: {type(module).__name__}.forward is not the computation npu_liger knows "
+                  f"(a different transformers version?); left unpatched", stacklevel=4)
+    return False
+
+
+def _geglu_mlp_forward(self, x):
+    return self.down_proj(npu_liger.geglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def _swiglu_mlp_forward(self, x):
+    return self.down_proj(npu_liger.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def _swiglu_experts_forward(self, hidden_states):
+    """Llama-4 ``Llama4TextExperts.forward`` with ``up * act(gate)`` fused (silu experts)."""
+    hidden_states = hidden_states.view(self.gate_up_proj.shape[0], -1, self.hidden_size)
+    gate, up = torch.bmm(hidden_states, self.gate_up_proj).chunk(2, dim=-1)
+    out = torch.bmm(npu_liger.swiglu(gate, up), self.down_proj)
+    return out.view(-1, self.hidden_size)
+
+
+_MLP_FORWARDS = {"geglu": _geglu_mlp_forward, "swiglu": _swiglu_mlp_forward}
+_EXPERT_FORWARDS = {"swiglu": _swiglu_experts_forward}
+PATCHED_FORWARDS = frozenset([*_MLP_FORWARDS.values(), *_EXPERT_FORWARDS.values()])
+
+
+def _patch_forward(module: nn.Module, forward) -> None:
+    _patching.set_instance_attr(module, "forward", types.MethodType(forward, module))
+
+
+def patched_op(module: nn.Module) -> Optional[str]:
+    """The npu_liger op a patched module runs (None if unpatched)."""
+    forward = module.__dict__.get("forward")
+    func = getattr(forward, "__func__", None)
+    for table in (_MLP_FORWARDS, _EXPERT_FORWARDS):
+        for op, f in table.items():
+            if func is f:
+                return op
+    return None
+
+
+def patch_gated_mlp(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
+    """``down_proj(act(gate_proj(x)) * up_proj(x))`` -> ``down_proj(op(gate_proj(x), up_proj(x)))``."""
+    if not _forward_is_known(module, _MLP_PATTERNS, require_all=False):
+        return None
+    op = _gated_op_name(module, act_name)
+    if op is not None:
+        _patch_forward(module, _MLP_FORWARDS[op])
+    return op
+
+
+def patch_experts(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
+    """Llama-4's stacked experts: ``bmm(up * act(gate), down_proj)`` with the product fused (silu only)."""
+    if not _forward_is_known(module, _EXPERTS_PATTERNS, require_all=True):
+        return None
+    op = _gated_op_name(module, act_name)
+    if op is not None and op not in _EXPERT_FORWARDS:
+        warnings.warn(f"npu_liger: no fused experts path for {op}; {type(module).__name__} left unpatched",
+                      stacklevel=3)
+        op = None
+    if op is not None:
+        _patch_forward(module, _EXPERT_FORWARDS[op])
+    return op
+
+
+def _embedding_forward(self, input_ids):
+    padding_idx = -1 if self.padding_idx is None else self.padding_idx
+    return npu_liger.embedding(self.weight, input_ids, padding_idx)
+
+
+def _scaled_embedding_forward(self, input_ids):
+    """Gemma's ``*TextScaledWordEmbedding``: the lookup times ``embed_scale`` (cast as transformers does)."""
+    padding_idx = -1 if self.padding_idx is None else self.padding_idx
+    out = npu_liger.embedding(self.weight, input_ids, padding_idx)
+    return out * self.embed_scale.to(self.weight.dtype)
+
+
+def patch_embedding(module: Optional[nn.Module]) -> bool:
+    """Route an input embedding's lookup through ``torch.ops.npu_liger.embedding``."""
+    name = type(module).__name__
+    if not op_available("embedding"):
+        warnings.warn("npu_liger: the embedding op is not available in this npu_liger build; the input "
+                      "embedding is left unpatched", stacklevel=3)
+        return False
+    plain = type(module) is nn.Embedding
+    scaled = isinstance(module, nn.Embedding) and name.endswith("ScaledWordEmbedding") and \
+        isinstance(getattr(module, "embed_scale", None), torch.Tensor)
+    if not (plain or scaled) or module.max_norm is not None or module.sparse \
+            or module.scale_grad_by_freq:
+        warnings.warn(f"npu_liger: input embedding {name} (max_norm, sparse, scale_grad_by_freq or an unknown subclass) is left "
+                      "unpatched", stacklevel=3)
+        return False
+    _patch_forward(module, _scaled_embedding_forward if scaled else _embedding_forward)
+    return True

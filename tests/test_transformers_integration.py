@@ -1,0 +1,319 @@
+"""npu_liger.transformers: tiny HF models of every supported family, built from configs with random weights,
+give the same logits, loss and parameter gradients patched as unpatched, really run the npu_liger ops
+(observed at the dispatcher), compile with fullgraph=True, and patch/unpatch harmlessly.
+
+Tolerances: fp32 relative error <= 1e-5 (the fused kernels compute in fp32 and round once; the models are a
+few layers deep). bf16: the reference ("truth") is the fp32 model with the same bf16-rounded weights. Each
+tensor's error against it may be at most 2x what the unpatched bf16 model gets, the rule of
+checklist.assert_close, with two adjustments for whole models: the eager error of one tensor is a noisy
+estimate (a gradient can come out nearly exact by luck), so it is floored at the eager model's median error
+over all its tensors (and one unit roundoff); and on CPU the Triton interpreter truncates fp32 -> bf16 on store
+instead of rounding, which doubles each kernel's rounding error and biases it (reductions over it, e.g. the
+q_norm/k_norm weight gradients behind rope, do not average it out): the factor 2 becomes 4 there
+(UNIT_ROUNDOFF[bf16] is 2^-7 on CPU vs 2^-8 compiled). A wrong kernel is off by O(1), far outside either.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from checklist import DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error
+
+transformers = pytest.importorskip("transformers")
+import npu_liger  # noqa: E402
+import npu_liger.transformers as nlt  # noqa: E402
+
+VOCAB, BATCH, SEQ = 128, 2, 6  # small: the CPU interpreter runs rope one (batch, seq) row per program
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, max_position_embeddings=64, initializer_range=0.2,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _qwen2_vl():
+    text = {k: v for k, v in COMMON.items() if k != "head_dim"}  # Qwen2-VL derives head_dim = hidden / heads
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}
+    vision = dict(depth=1, embed_dim=16, num_heads=2, hidden_size=32, mlp_ratio=2)
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, bos_token_id=1, eos_token_id=2)
+    return transformers.Qwen2VLForConditionalGeneration(config)
+
+
+def _qwen2_vl_rope_op():
+    """transformers 5.x merges the M-RoPE sections in the rotary module and calls the plain
+    apply_rotary_pos_emb (-> rope); 4.x calls apply_multimodal_rotary_pos_emb (-> qwen2vl_mrope)."""
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    source = inspect.getsource(modeling_qwen2_vl.Qwen2VLAttention.forward)
+    return "qwen2vl_mrope" if "apply_multimodal_rotary_pos_emb" in source else "rope"
+
+
+# family -> (builder, the npu_liger forward ops its patched model must run)
+FAMILIES = {
+    "llama": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON)), ("swiglu", "rope")),
+    "mistral": (lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON)), ("swiglu", "rope")),
+    "qwen2": (lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)), ("swiglu", "rope")),
+    "qwen3": (lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON)), ("swiglu", "rope")),
+    "gemma": (lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**COMMON)), ("geglu", "rope")),
+    "gemma2": (lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**COMMON, sliding_window=4)),
+               ("geglu", "rope")),
+    "gemma3": (lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**COMMON, sliding_window=4)),
+               ("geglu", "rope")),
+    "qwen2_vl": (_qwen2_vl, ("swiglu", _qwen2_vl_rope_op())),
+    "llama4": (lambda: transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
+        **COMMON, intermediate_size_mlp=48, num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2)),
+        ("swiglu", "llama4_rope")),
+}
+
+
+class CountOps(TorchDispatchMode):
+    """Counts torch.ops.npu_liger.* calls at the dispatcher (independent of npu_liger.transformers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "npu_liger":
+            self.counts[func._opname] = self.counts.get(func._opname, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _require_ops(ops):
+    missing = [op for op in ops if not hasattr(torch.ops.npu_liger, op)]
+    if missing:
+        pytest.skip(f"npu_liger op(s) not available yet: {', '.join(missing)}")
+
+
+@pytest.fixture(autouse=True)
+def _clean_patches():
+    nlt.revert()
+    yield
+    nlt.revert()
+
+
+def _build(family, dtype=torch.float32):
+    torch.manual_seed(0)
+    model = FAMILIES[family][0]().to(DEVICE, dtype)
+    model.train()  # dropout is 0 in these configs; train() keeps MoE/attention in their training paths
+    return model
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=g).to(DEVICE)
+    return ids
+
+
+def _run(model, ids):
+    """Logits, loss and every parameter's gradient of one forward/backward (gradients reset first)."""
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+    return {"logits": out.logits.detach().clone(), "loss": out.loss.detach().clone(), **grads}
+
+
+def _assert_matches(got, ref, truth=None, what=""):
+    """fp32: ``got`` vs ``ref`` within FP32_RTOL. bf16: ``got`` and ``ref`` (the unpatched bf16 model) are both
+    judged against the fp32 ``truth`` (see the module docstring for the rule)."""
+    assert got.keys() == ref.keys()
+    for name in ref:
+        if ref[name] is None:
+            assert got[name] is None, f"{what}{name}: gradient appeared"
+            continue
+        assert got[name] is not None, f"{what}{name}: gradient missing"
+        assert got[name].dtype == ref[name].dtype and got[name].shape == ref[name].shape, name
+        if truth is None:
+            err = rel_error(got[name], ref[name])
+            assert err <= FP32_RTOL, f"{what}{name}: relative error {err:.2e} > {FP32_RTOL:.0e}"
+    if truth is None:
+        return
+    eager_errors = {name: rel_error(ref[name], truth[name]) for name in ref if ref[name] is not None}
+    typical = sorted(eager_errors.values())[len(eager_errors) // 2]
+    factor = 2.0 * UNIT_ROUNDOFF[torch.bfloat16] / 2.0**-8  # 4 with the interpreter's truncation, else 2
+    for name, eager_err in eager_errors.items():
+        err = rel_error(got[name], truth[name])
+        tol = factor * max(eager_err, typical, UNIT_ROUNDOFF[torch.bfloat16])
+        assert err <= tol, f"{what}{name}: bf16 error {err:.2e} > {tol:.2e} (eager bf16 error {eager_err:.2e})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patched_model_matches_unpatched(family, dtype):
+    ops = FAMILIES[family][1]
+    _require_ops(ops)
+    ids = _batch()
+    model = _build(family, dtype)
+    ref = _run(model, ids)  # before any patch: patching rope is module-wide
+    truth = None
+    if dtype == torch.bfloat16:  # the same bf16-rounded weights, computed in fp32
+        truth = {k: None if v is None else v.float() for k, v in _run(copy.deepcopy(model).float(), ids).items()}
+
+    assert nlt.apply_to_model(model) is model
+    with CountOps() as counter:
+        got = _run(model, ids)
+    _assert_matches(got, ref, truth)
+    n_layers = COMMON["num_hidden_layers"]
+    for op in ops:  # every layer's MLP (llama4: the dense MLP and the MoE's shared expert + experts) and rope
+        assert counter.counts.get(op, 0) >= n_layers, f"{op} ran {counter.counts.get(op, 0)} times: {counter.counts}"
+        assert counter.counts.get(f"{op}_backward", 0) >= n_layers, f"{op}_backward: {counter.counts}"
+
+    nlt.apply_to_model(model)  # a second patch changes nothing
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, got["logits"])
+    nlt.unpatch(model)  # and unpatching gives back transformers' computation exactly
+    with CountOps() as counter:
+        again = _run(model, ids)
+    assert counter.counts == {}
+    for name in ref:
+        assert (again[name] is None and ref[name] is None) or torch.equal(again[name], ref[name]), name
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patch_before_building(family):
+    """apply_npu_liger_to_<family>() patches models built afterwards (forward checked here; the gradients of the
+    same patched modules are checked above); calling it twice is harmless; revert(family) undoes it."""
+    ops = FAMILIES[family][1]
+    _require_ops(ops)
+    ids = _batch()
+    with torch.no_grad():
+        ref = _build(family)(input_ids=ids).logits
+    getattr(nlt, f"apply_npu_liger_to_{family}")()
+    getattr(nlt, f"apply_npu_liger_to_{family}")()
+    model = _build(family)
+    summary = nlt.patch_summary(model)
+    assert summary["mlp"] and summary["rope"], summary
+    with CountOps() as counter, torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert rel_error(logits, ref) <= FP32_RTOL
+    assert set(ops) <= set(counter.counts), counter.counts
+    nlt.revert(family)
+    assert nlt.patch_summary(_build(family)) == {"mlp": {}, "rope": [], "embedding": 0}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])  # swiglu + rope, geglu + rope (compiling is slow on CPU)
+def test_compiled_patched_model(family):
+    _require_ops(FAMILIES[family][1])
+    import torch._dynamo
+
+    ids = _batch()
+    model = nlt.apply_to_model(_build(family))
+    eager = _run(model, ids)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    _run(compiled, ids)  # compile
+    with nlt.count_npu_liger_ops(compiled=True) as ops:  # profiler records: they see Inductor's calls too
+        got = _run(compiled, ids)
+    for op in FAMILIES[family][1]:
+        assert ops[f"npu_liger::{op}"] >= COMMON["num_hidden_layers"], ops
+        assert ops[f"npu_liger::{op}_backward"] >= COMMON["num_hidden_layers"], ops
+    got = {k.replace("_orig_mod.", ""): v for k, v in got.items()}
+    _assert_matches(got, eager, what="compiled ")
+
+
+def test_unsupported_activation_is_left_alone():
+    _require_ops(("rope",))
+    config = transformers.LlamaConfig(**{**COMMON, "num_hidden_layers": 1}, hidden_act="gelu")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(DEVICE)
+    with pytest.warns(UserWarning, match="activation 'gelu'"):
+        nlt.apply_to_model(model)
+    assert nlt.patch_summary(model)["mlp"] == {}
+    assert nlt.patch_summary(model)["rope"] == ["llama.apply_rotary_pos_emb"]
+
+
+def test_embedding_patch():
+    _require_ops(("embedding",))
+    for family in ("llama", "gemma"):  # nn.Embedding and Gemma's scaled embedding
+        ids = _batch()
+        model = _build(family)
+        ref = _run(model, ids)
+        nlt.apply_to_model(model, rope=False, mlp=False, embedding=True)
+        assert nlt.patch_summary(model)["embedding"] == 1
+        with CountOps() as counter:
+            got = _run(model, ids)
+        assert counter.counts.get("embedding") == 1, counter.counts
+        _assert_matches(got, ref, what=f"{family} ")
+
+
+# ---- the drop-in functions against transformers' own ------------------------------------------------------
+
+
+def _qk(layout_dim, heads=(4, 2), hd=8, dtype=torch.float32):
+    g = torch.Generator().manual_seed(2)
+    shape = lambda h: (BATCH, h, SEQ, hd) if layout_dim == 1 else (BATCH, SEQ, h, hd)  # noqa: E731
+    return [torch.randn(shape(h), generator=g, dtype=torch.float32).to(DEVICE, dtype).requires_grad_()
+            for h in heads]
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_apply_rotary_pos_emb_dropin(unsqueeze_dim):
+    _require_ops(("rope",))
+    from transformers.models.llama import modeling_llama
+
+    q, k = _qk(unsqueeze_dim)
+    rotary = modeling_llama.LlamaRotaryEmbedding(transformers.LlamaConfig(**COMMON)).to(DEVICE)
+    cos, sin = rotary(q, torch.arange(SEQ, device=DEVICE).expand(BATCH, SEQ))
+    ref = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    ref_grads = torch.autograd.grad(sum(t.square().sum() for t in ref), (q, k))
+    with CountOps() as counter:
+        got = nlt.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        grads = torch.autograd.grad(sum(t.square().sum() for t in got), (q, k))
+    assert counter.counts.get("rope") == 1 and counter.counts.get("rope_backward") == 1, counter.counts
+    positional = nlt.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)  # 5.x: unsqueeze_dim 5th positional
+    for a, b in zip((*got, *grads, *positional), (*ref, *ref_grads, *ref)):
+        assert a.shape == b.shape and rel_error(a, b) <= FP32_RTOL
+
+
+def test_apply_multimodal_rotary_pos_emb_dropin():
+    _require_ops(("qwen2vl_mrope",))
+    section, hd = [1, 1, 2], 8
+    q, k = _qk(1, hd=hd)
+    g = torch.Generator().manual_seed(3)
+    freqs = torch.rand(3, BATCH, SEQ, hd // 2, generator=g).to(DEVICE) * 6
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
+    # transformers 4.x Qwen2-VL: section i of each half of the table comes from table[i % 3]
+    merge = lambda t: torch.cat([m[i % 3] for i, m in enumerate(t.split(section * 2, dim=-1))], -1)  # noqa: E731
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope
+
+    ref = hf_rope(q, k, merge(cos), merge(sin))
+    with CountOps() as counter:
+        got = nlt.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section)
+    assert counter.counts.get("qwen2vl_mrope") == 1, counter.counts
+    for a, b in zip(got, ref):
+        assert rel_error(a, b) <= FP32_RTOL
+
+
+def test_llama4_apply_rotary_emb_dropin():
+    _require_ops(("llama4_rope",))
+    from transformers.models.llama4 import modeling_llama4
+
+    q, k = _qk(2)
+    g = torch.Generator().manual_seed(4)
+    angles = torch.rand(BATCH, SEQ, 4, generator=g).to(DEVICE) * 6
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)
+    ref = modeling_llama4.apply_rotary_emb(q, k, freqs_cis)
+    with CountOps() as counter:
+        got = nlt.apply_rotary_emb(q, k, freqs_cis)
+    assert counter.counts.get("llama4_rope") == 1, counter.counts
+    for a, b in zip(got, ref):
+        assert rel_error(a, b) <= FP32_RTOL
+
+
+def test_imports_without_transformers():
+    """transformers is the optional `hf` extra: the subpackage imports without it and says so when used."""
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import npu_liger.transformers as nlt\n"
+        "try:\n    nlt.apply_npu_liger_to_llama()\nexcept ImportError:\n    print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert result.stdout.strip() == "ok", result.stderr[-2000:]
