@@ -100,10 +100,11 @@ def _llama4(bsz, seq, q_heads, kv_heads, hd, freqs_shape):
 
 
 OPS: List[Op] = [
+    # 1x1: n_elements == 1 is specialised to a constant; 2 x (2^30 + 8): n_elements is i64 (offsets past 2^31)
     Op("geglu", [Problem("8192x14336", _glu(8192, 14336), bench=True), Problem("7x131", _glu(7, 131)),
-                 Problem("1x1", _glu(1, 1))]),
+                 Problem("1x1", _glu(1, 1)), Problem("2x1073741832 (n > 2^31: i64)", _glu(2, 2**30 + 8))]),
     Op("swiglu", [Problem("8192x14336", _glu(8192, 14336), bench=True), Problem("7x131", _glu(7, 131)),
-                  Problem("1x1", _glu(1, 1))]),
+                  Problem("1x1", _glu(1, 1)), Problem("2x1073741832 (n > 2^31: i64)", _glu(2, 2**30 + 8))]),
     Op("embedding",
        [Problem("V128256 D4096 16384tok i64", _embedding(128256, 4096, (4, 4096), torch.int64, -1), bench=True),
         Problem("V1001 D129 3x5tok i32 pad0", _embedding(1001, 129, (3, 5), torch.int32, 0))],
