@@ -15,7 +15,8 @@ start=$(date +%s)
 if ! "$VENV/bin/python" -c "import triton.backends.ascend.compiler, ascendnpuir, pybind11, torch" 2>/dev/null; then
   rm -rf "$VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" "triton-ascend==3.2.0" pybind11 "ascendnpu-ir==1.2.0" "$TORCH_SPEC"
+  "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" "triton-ascend==3.2.0" pybind11 "ascendnpu-ir==1.2.0" "$TORCH_SPEC" \
+    "setuptools>=64"
 fi
 # This checkout, not an editable link: the check compiles exactly the tree it was started on.
 "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" --no-deps --no-build-isolation --force-reinstall . >/dev/null
