@@ -13,8 +13,11 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 PIP_FLAGS=(-q --disable-pip-version-check)
 start=$(date +%s)
 if ! "$VENV/bin/python" -c "import triton.backends.ascend.compiler, ascendnpuir, pybind11, torch" 2>/dev/null; then
-  rm -rf "$VENV"
-  "${PYTHON:-python3}" -m venv "$VENV"
+  if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
+    echo "ascend_check: $VENV exists and is not a venv; set ASCEND_CHECK_VENV to another folder" >&2
+    exit 2
+  fi
+  "${PYTHON:-python3}" -m venv --clear "$VENV"
   "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" "triton-ascend==3.2.0" pybind11 "ascendnpu-ir==1.2.0" "$TORCH_SPEC" \
     "setuptools>=64"
 fi
