@@ -27,10 +27,13 @@ GELU_CUBIC_COEFF = tl.constexpr(0.044715)
 #   ~4 live fp32 values -> memory_multiplier 4.0. Measured on Ascend910B3: ~16 UB bytes per element,
 #   BLOCK 8192 fits (192 KiB * 0.8 / (4.0 * 4 B) = 9830 -> 8192).
 # Backward: grad_c, a, b, the gate, dz/da, the derivative, grad_a, grad_b: ~7 live fp32 values ->
-#   memory_multiplier 7.0. Measured: ~28 UB bytes per element, BLOCK 4096 fits (5617 -> 4096).
+#   memory_multiplier 7.0 for fp16/bf16 inputs (BLOCK 4096 fits cleanly). fp32 inputs need more: the Ascend
+#   compile check (docs/ASCEND_CHECK.md) measured BLOCK 4096 fitting only with bishengir's multi-buffering
+#   turned off (~32 UB bytes per element), so fp32 uses 10.0 -> BLOCK 2048, which fits double-buffered.
 # shapes: ((n_elements,),), tiling_dims: (0,) -> no fixed dims, unit_param = 1.
 FORWARD_MEMORY_MULTIPLIER = 4.0
 BACKWARD_MEMORY_MULTIPLIER = 7.0
+BACKWARD_MEMORY_MULTIPLIER_FP32 = 10.0
 COMPUTE_DTYPE_SIZE = 4
 
 
@@ -101,7 +104,8 @@ def geglu_backward(grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> Tu
     if n == 0:
         return grad_a, grad_b
     require_launchable(a.device)
-    plan = plan_launch(a.device.type, _request(n, BACKWARD_MEMORY_MULTIPLIER))
+    multiplier = BACKWARD_MEMORY_MULTIPLIER_FP32 if a.dtype == torch.float32 else BACKWARD_MEMORY_MULTIPLIER
+    plan = plan_launch(a.device.type, _request(n, multiplier))
     _geglu_bwd_kernel[(plan.grid(triton.cdiv(n, plan.block)),)](
         flat(grad_c), flat(a), flat(b), grad_a.view(-1), grad_b.view(-1), n, BLOCK=plan.block,
         **plan.launch_options()

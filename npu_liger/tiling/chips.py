@@ -5,8 +5,9 @@ Ascend compile check. On a real NPU the UB size comes from the UB manager and th
 triton-ascend driver; this table is never consulted there.
 
 Values are per AI core / per SoC as CANN's platform configuration reports them for the 910B and 910_93 (A3)
-families (192 KiB UB; 20 or 24 AI cores, two vector cores each). Ascend950's figures are the published
-preview numbers and less certain: override with ``NPU_LIGER_EMULATED_UB_BYTES`` if you know better.
+families (192 KiB UB; 20 or 24 AI cores, two vector cores each). Ascend950's UB is what bishengir-compile's
+Ascend950 targets report (2031616 bits = 248 KiB, see docs/ASCEND_CHECK.md); its vector-core count is the
+published preview figure and less certain. Override with ``NPU_LIGER_EMULATED_UB_BYTES`` if you know better.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ ASCEND_CHIPS: Dict[str, AscendChip] = {
         AscendChip("Ascend910_9382", 192 * _KIB, 48),
         AscendChip("Ascend910_9372", 192 * _KIB, 40),
         AscendChip("Ascend910_9362", 192 * _KIB, 40),
-        AscendChip("Ascend950", 256 * _KIB, 64),
+        AscendChip("Ascend950", 248 * _KIB, 64),
     )
 }
 
