@@ -230,7 +230,7 @@ def _qk(hd=8, dtype=torch.float32):
         (lambda: (*_qk(), randn((2, 3, 4))), TypeError, r"freqs_cis must be complex64 .*, got torch.float32"),
         (lambda: (*_qk(), make_freqs(2, 3, 8).to(torch.complex32)), TypeError,
          r"freqs_cis must be complex64 \(or complex128, rounded to complex64\), got torch.complex32"),
-        (lambda: (*_qk(), [1.0]), RuntimeError, "Tensor' for argument 'freqs_cis'"),  # the dispatcher's check
+        (lambda: (*_qk(), [1.0]), TypeError, "freqs_cis must be a torch.Tensor, got list"),
         (lambda: (*_qk(), make_freqs(2, 4, 8)), ValueError, r"freqs_cis must be \(bsz or 1, seq, head_dim // 2\)"),
         (lambda: (*_qk(), make_freqs(2, 3, 6)), ValueError, r"= \(2 or 1, 3, 4\)"),
         (lambda: (*_qk(), make_freqs(3, 3, 8)), ValueError, "freqs_cis must be"),

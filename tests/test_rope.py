@@ -254,7 +254,8 @@ def test_shape_arguments_are_never_specialised():
         unspecialised = {names[p] if isinstance(p, int) else p for p in unspecialised}
         assert set(rotary_kernels.SHAPE_DEPENDENT_ARGS) <= unspecialised <= set(names)
         constexprs = {name for name, p in parameters.items() if "constexpr" in str(p.annotation)}
-        assert constexprs == {"BLOCK_QH", "BLOCK_KH", "BLOCK_HALF", "INTERLEAVED"}
+        assert constexprs == {"BLOCK_QH", "BLOCK_KH", "BLOCK_HALF", "VEC", "TVEC", "INTERLEAVED",
+                              "MROPE"}
 
 
 def compiled_variants(kernel) -> int:

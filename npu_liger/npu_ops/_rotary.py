@@ -1,4 +1,5 @@
-"""The rotary kernel shared by rope, qwen2vl_mrope and llama4_rope: rotate pairs of q and k columns per (batch, seq) row.
+"""The rotary kernel shared by rope, qwen2vl_mrope and llama4_rope: rotate pairs of q and k columns per (batch, seq)
+row.
 
 For every row (b, s), every head h and every pair j < half, with x1, x2 the pair's two columns of x = q or k:
 
@@ -8,23 +9,40 @@ For every row (b, s), every head h and every pair j < half, with x1, x2 the pair
 Two layouts of the pairs (``INTERLEAVED`` switch):
 - half-split (HF ``rotate_half``, rope / qwen2vl_mrope): x1 = x[j], x2 = x[half + j], c1 = cos[j], c2 = cos[half + j]
   (and the same for sin: the two halves of a cos/sin table need not be equal); columns from 2 * half up to
-  head_dim pass through unchanged (partial rotary);
+  head_dim pass through unchanged (partial rotary). x1 and x2 are two contiguous half-rows of a head: each is
+  loaded as one contiguous block.
 - interleaved (Llama-4's complex view): x1 = x[2j], x2 = x[2j + 1], c1 = c2 = Re(freqs[j]), s1 = s2 = Im(freqs[j]).
+  A head's row is loaded whole (contiguous), viewed as (pairs, 2) and split into x1/x2 in registers
+  (``tl.reshape`` + ``tl.split``); the rotated pairs are joined back (``tl.join``) and stored as one contiguous
+  row. No strided (every other element) load or store.
 
-Inputs come in logical (bsz, seq, heads, head_dim) order with any strides (rope passes transposed views of HF's
-(bsz, heads, seq, head_dim) tensors, so HF's usual layout is read row by row without a copy); outputs are new
-tensors, contiguous in (bsz, seq, heads, head_dim). cos/sin are (bsz or 1, seq, n) strided views (batch stride 0
-when broadcast). Each program walks rows in a persistent grid-stride loop, loads the row's cos/sin once and then
-rotates the q heads and the k heads in tiles of BLOCK_QH / BLOCK_KH heads.
+Tables (``MROPE`` switch, half-split only): cos/sin rows are read at ``b * t_sb + s * t_ss`` (t_sb = 0 when the
+table is broadcast over the batch). With ``MROPE`` the table has three planes (temporal, height, width) ``t_sp``
+apart and column j (and half + j) is read from plane 0, 1 or 2 by the section boundaries ``sec1 <= sec2``:
+Qwen2-VL's ``mrope_section * 2`` merge done in the kernel (no merged table is ever written), as three masked
+vector loads per table vector (a masked-off lane reads nothing, so each column is read once, from its plane).
+Interleaved: the table is the float32 (re, im) view of the complex frequencies; ``sin_ptr`` is unused.
 
-Only block sizes and the two switches are ``tl.constexpr``. Every argument that changes with batch or sequence
-length (row count, seq_len, batch/seq/head strides) is in ``do_not_specialize``, so a new batch size or
-sequence length never compiles another kernel variant (Triton would otherwise specialise integers equal to 1
-or divisible by 16).
+Inputs come in logical (bsz, seq, heads, head_dim) order with unit stride along head_dim and any other strides
+(rope passes HF's (bsz, heads, seq, head_dim) views, read row by row without a copy); outputs are new tensors,
+contiguous in (bsz, seq, heads, head_dim). Each program walks rows in a grid-stride loop, loads the row's cos/sin
+once and then rotates the q heads and the k heads in tiles of BLOCK_QH / BLOCK_KH heads.
+
+Specialisation and vector access. Every argument that changes with batch or sequence length (row count, seq_len,
+batch/seq/head strides, table strides) is in ``do_not_specialize``, so a new batch size or sequence length never
+compiles another kernel variant. Unspecialised strides would hide their alignment from the compiler (no 16-byte
+vector loads), so the q/k strides are passed in units of ``VEC`` elements (a constexpr chosen by the host: the
+largest power of two <= 16 bytes that divides them all) and multiplied back in the kernel: every row and head
+start is then a known multiple of VEC elements. head_dim, half and the head counts are model constants and
+stay specialised (Triton marks them divisible by 16 when they are). The cos/sin table strides and the mrope
+section boundaries are passed the same way, in units of ``TVEC`` elements of the table's dtype (the boundaries in
+those units keep the plane masks constant over a vector).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Tuple
 
 import torch
@@ -39,7 +57,8 @@ from ._triton import grid_stride, program_start, require_launchable
 #   x1/x2 upcast to fp32 (1), the raw loads before the upcast (<= 1), the two products of each output before
 #   they are combined (1), y1/y2 before the cast (1) -> ~4 fp32 values -> memory_multiplier 4.0 (the seed's
 #   analysis counts 3.0 for a kernel without the raw-load and product temporaries; 4.0 is the conservative
-#   estimate, not a measurement). The pass-through copy of partial rotary moves half-width chunks and needs less.
+#   estimate, not a measurement). The interleaved layout holds the same values (its reshape/split/join are
+#   register views of the loaded row). The pass-through copy of partial rotary moves half-width chunks.
 # cos/sin of the row (4 vectors of PAD_HD // 2) are shared by all heads: a fixed PAD_HD * 2 elements, inside
 #   the 20% safety margin. q tiles and k tiles are processed one after the other, never live together, so each
 #   shape may use the whole budget.
@@ -48,148 +67,218 @@ from ._triton import grid_stride, program_start, require_launchable
 FORWARD_MEMORY_MULTIPLIER = 4.0
 BACKWARD_MEMORY_MULTIPLIER = 4.0  # the same loop with the signs of the sin terms moved: same live values
 COMPUTE_DTYPE_SIZE = 4
+VECTOR_BYTES = 16  # widest global access of one thread on CUDA (ld.global.v4.b32)
+# CUDA: warps per program (the tile budget gives (16, 128)-element q tiles at head_dim 128). Measured on an H200
+# (bsz 4, seq 4096, 32/8 heads, bf16, one program per row), forward kernel:
+# - half-split (rope): 0.0912 ms with 2 warps, 0.0940 with 4 (the tile-size default), 0.1008 with 8; (32, 128)
+#   tiles were slower (0.109 with 4 or 8 warps). Two warps give each thread 16 elements of each half-tile.
+# - interleaved (llama4): 4 warps, 0.087 ms forward and backward (0.91 of copy bandwidth, profiler kernel time);
+#   with 2 warps the pair split/join goes through shared memory.
+CUDA_NUM_WARPS = {False: 2, True: 4}  # by INTERLEAVED
 
 # Integer arguments that change with batch size or sequence length: never specialised (see module docstring).
 SHAPE_DEPENDENT_ARGS = (
     "n_rows", "seq_len",
     "q_sb", "q_ss", "q_sh", "k_sb", "k_ss", "k_sh",
-    "cos_sb", "cos_ss", "sin_sb", "sin_ss",
+    "t_sp", "t_sb", "t_ss",
 )
 
 
 @triton.jit
-def _rotate_heads(x_row, y_row, n_heads, x_sh, x_sd, head_dim, half, c1, s1, c2, s2,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  BACKWARD: tl.constexpr):
-    """Rotate all heads of one row of x (pointer ``x_row``) into the contiguous (heads, head_dim) row ``y_row``."""
+def _rotate_heads(x_row, y_row, n_heads, x_sh, head_dim, half, c1, s1, c2, s2,
+                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, VEC: tl.constexpr,
+                  INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr):
+    """Rotate all heads of one row of x (pointer ``x_row``, head stride ``x_sh`` in VEC units) into the
+    contiguous (heads, head_dim) row ``y_row``. c1/s1/c2/s2: (1, BLOCK_HALF) fp32."""
     pairs = tl.arange(0, BLOCK_HALF)[None, :]
-    if INTERLEAVED:
-        col1 = pairs * 2
-        col2 = pairs * 2 + 1
-    else:
-        col1 = pairs
-        col2 = pairs + half
     for h0 in tl.range(0, n_heads, BLOCK_H):
         heads = h0 + tl.arange(0, BLOCK_H)[:, None]
         head_mask = heads < n_heads
-        mask = head_mask & (pairs < half)
-        x_base = x_row + heads.to(tl.int64) * x_sh
+        x_base = x_row + (heads.to(tl.int64) * x_sh) * VEC
         y_base = y_row + heads.to(tl.int64) * head_dim
-        x1 = tl.load(x_base + col1 * x_sd, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_base + col2 * x_sd, mask=mask, other=0.0).to(tl.float32)
+        if INTERLEAVED:
+            cols = tl.arange(0, 2 * BLOCK_HALF)[None, :]
+            mask = head_mask & (cols < head_dim)
+            x = tl.load(x_base + cols, mask=mask, other=0.0).to(tl.float32)
+            x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_HALF, 2)))
+        else:
+            mask = head_mask & (pairs < half)
+            x1 = tl.load(x_base + pairs, mask=mask, other=0.0).to(tl.float32)
+            x2 = tl.load(x_base + half + pairs, mask=mask, other=0.0).to(tl.float32)
         if BACKWARD:
             y1 = x1 * c1 + x2 * s2
             y2 = x2 * c2 - x1 * s1
         else:
             y1 = x1 * c1 - x2 * s1
             y2 = x2 * c2 + x1 * s2
-        tl.store(y_base + col1, y1.to(y_row.dtype.element_ty), mask=mask)
-        tl.store(y_base + col2, y2.to(y_row.dtype.element_ty), mask=mask)
-        if not INTERLEAVED:  # partial rotary: columns [2 * half, head_dim) are copied unchanged
-            for p0 in tl.range(half * 2, head_dim, BLOCK_HALF):
+        if INTERLEAVED:
+            y = tl.reshape(tl.join(y1, y2), (BLOCK_H, 2 * BLOCK_HALF))
+            tl.store(y_base + cols, y.to(y_row.dtype.element_ty), mask=mask)
+        else:
+            tl.store(y_base + pairs, y1.to(y_row.dtype.element_ty), mask=mask)
+            tl.store(y_base + half + pairs, y2.to(y_row.dtype.element_ty), mask=mask)
+            for p0 in tl.range(half * 2, head_dim, BLOCK_HALF):  # partial rotary: the other columns unchanged
                 cols = p0 + pairs
                 pass_mask = head_mask & (cols < head_dim)
-                tl.store(y_base + cols, tl.load(x_base + cols * x_sd, mask=pass_mask, other=0.0), mask=pass_mask)
+                tl.store(y_base + cols, tl.load(x_base + cols, mask=pass_mask, other=0.0), mask=pass_mask)
+
+
+@triton.jit
+def _plane_merge(ptrs, plane, in0, in1, in2):
+    """fp32 values of ``ptrs`` (plane 0) where in0, of ``ptrs + plane`` where in1, of ``ptrs + 2 * plane`` where in2."""
+    v = tl.load(ptrs, mask=in0, other=0.0).to(tl.float32)
+    v += tl.load(ptrs + plane, mask=in1, other=0.0).to(tl.float32)
+    v += tl.load(ptrs + plane * 2, mask=in2, other=0.0).to(tl.float32)
+    return v
 
 
 @triton.jit
 def _rotary_rows(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                  n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
-                 q_sb, q_ss, q_sh, q_sd, k_sb, k_ss, k_sh, k_sd,
-                 cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
-                 BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr):
+                 q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
+                 BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, VEC: tl.constexpr,
+                 TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr, BACKWARD: tl.constexpr):
     pairs = tl.arange(0, BLOCK_HALF)[None, :]
     pair_mask = pairs < half
-    for row in tl.range(program_start(1), n_rows, grid_stride(1)):  # int64 row index, persistent grid
+    if MROPE:  # columns [0, sec1) from plane 0, [sec1, sec2) from plane 1, [sec2, half) from plane 2 (both halves)
+        bound1 = sec1 * TVEC
+        bound2 = sec2 * TVEC
+        in0 = pair_mask & (pairs < bound1)
+        in1 = pair_mask & (pairs >= bound1) & (pairs < bound2)
+        in2 = pair_mask & (pairs >= bound2)
+        plane = t_sp * TVEC
+    for row in tl.range(program_start(1), n_rows, grid_stride(1)):  # int64 row index
         b = row // seq_len
         s = row - b * seq_len
-        cos_row = cos_ptr + b * cos_sb + s * cos_ss
-        sin_row = sin_ptr + b * sin_sb + s * sin_ss
-        c1 = tl.load(cos_row + pairs * cos_sd, mask=pair_mask, other=0.0).to(tl.float32)
-        s1 = tl.load(sin_row + pairs * sin_sd, mask=pair_mask, other=0.0).to(tl.float32)
-        if INTERLEAVED:
+        t_row = (b * t_sb + s * t_ss) * TVEC
+        if INTERLEAVED:  # (re, im) pairs of the complex table
+            c1 = tl.load(cos_ptr + t_row + pairs * 2, mask=pair_mask, other=0.0).to(tl.float32)
+            s1 = tl.load(cos_ptr + t_row + pairs * 2 + 1, mask=pair_mask, other=0.0).to(tl.float32)
             c2 = c1
             s2 = s1
+        elif MROPE:  # three masked loads per vector: each column is read from its own plane only
+            c1 = _plane_merge(cos_ptr + t_row + pairs, plane, in0, in1, in2)
+            s1 = _plane_merge(sin_ptr + t_row + pairs, plane, in0, in1, in2)
+            c2 = _plane_merge(cos_ptr + t_row + half + pairs, plane, in0, in1, in2)
+            s2 = _plane_merge(sin_ptr + t_row + half + pairs, plane, in0, in1, in2)
         else:
-            c2 = tl.load(cos_row + (pairs + half) * cos_sd, mask=pair_mask, other=0.0).to(tl.float32)
-            s2 = tl.load(sin_row + (pairs + half) * sin_sd, mask=pair_mask, other=0.0).to(tl.float32)
-        _rotate_heads(q_ptr + b * q_sb + s * q_ss, q_out_ptr + row * (n_q_heads * head_dim), n_q_heads, q_sh, q_sd,
-                      head_dim, half, c1, s1, c2, s2, BLOCK_QH, BLOCK_HALF, INTERLEAVED, BACKWARD)
-        _rotate_heads(k_ptr + b * k_sb + s * k_ss, k_out_ptr + row * (n_kv_heads * head_dim), n_kv_heads, k_sh, k_sd,
-                      head_dim, half, c1, s1, c2, s2, BLOCK_KH, BLOCK_HALF, INTERLEAVED, BACKWARD)
+            c1 = tl.load(cos_ptr + t_row + pairs, mask=pair_mask, other=0.0).to(tl.float32)
+            s1 = tl.load(sin_ptr + t_row + pairs, mask=pair_mask, other=0.0).to(tl.float32)
+            c2 = tl.load(cos_ptr + t_row + half + pairs, mask=pair_mask, other=0.0).to(tl.float32)
+            s2 = tl.load(sin_ptr + t_row + half + pairs, mask=pair_mask, other=0.0).to(tl.float32)
+        _rotate_heads(q_ptr + (b * q_sb + s * q_ss) * VEC, q_out_ptr + row * (n_q_heads * head_dim), n_q_heads, q_sh,
+                      head_dim, half, c1, s1, c2, s2, BLOCK_QH, BLOCK_HALF, VEC, INTERLEAVED, BACKWARD)
+        _rotate_heads(k_ptr + (b * k_sb + s * k_ss) * VEC, k_out_ptr + row * (n_kv_heads * head_dim), n_kv_heads, k_sh,
+                      head_dim, half, c1, s1, c2, s2, BLOCK_KH, BLOCK_HALF, VEC, INTERLEAVED, BACKWARD)
 
 
 @triton.jit(do_not_specialize=SHAPE_DEPENDENT_ARGS)
 def _rotary_fwd_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                        n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
-                       q_sb, q_ss, q_sh, q_sd, k_sb, k_ss, k_sh, k_sd,
-                       cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+                       q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
                        BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       INTERLEAVED: tl.constexpr):
+                       VEC: tl.constexpr, TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr):
     _rotary_rows(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                  n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
-                 q_sb, q_ss, q_sh, q_sd, k_sb, k_ss, k_sh, k_sd,
-                 cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
-                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, INTERLEAVED, False)
+                 q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
+                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, VEC, TVEC, INTERLEAVED, MROPE, False)
 
 
 @triton.jit(do_not_specialize=SHAPE_DEPENDENT_ARGS)
 def _rotary_bwd_kernel(grad_q_ptr, grad_k_ptr, cos_ptr, sin_ptr, grad_q_in_ptr, grad_k_in_ptr,
                        n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
-                       q_sb, q_ss, q_sh, q_sd, k_sb, k_ss, k_sh, k_sd,
-                       cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+                       q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
                        BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       INTERLEAVED: tl.constexpr):
+                       VEC: tl.constexpr, TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr):
     """grad_q/grad_k: gradients of the outputs (strides q_*/k_*); grad_q_in/grad_k_in: gradients of q and k."""
     _rotary_rows(grad_q_ptr, grad_k_ptr, cos_ptr, sin_ptr, grad_q_in_ptr, grad_k_in_ptr,
                  n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
-                 q_sb, q_ss, q_sh, q_sd, k_sb, k_ss, k_sh, k_sd,
-                 cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
-                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, INTERLEAVED, True)
+                 q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
+                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, VEC, TVEC, INTERLEAVED, MROPE, True)
 
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else triton.next_power_of_2(n)
 
 
-def _request(n_q_heads: int, n_kv_heads: int, head_dim: int, memory_multiplier: float) -> TileRequest:
+def _request(n_q_heads: int, n_kv_heads: int, head_dim: int, memory_multiplier: float,
+             interleaved: bool = False) -> TileRequest:
     pad_hd = next_power_of_2(head_dim)
-    return TileRequest(memory_multiplier, ((n_q_heads, pad_hd), (n_kv_heads, pad_hd)), (0, 0), COMPUTE_DTYPE_SIZE)
+    return TileRequest(memory_multiplier, ((n_q_heads, pad_hd), (n_kv_heads, pad_hd)), (0, 0), COMPUTE_DTYPE_SIZE,
+                       cuda_num_warps=CUDA_NUM_WARPS[interleaved])
 
 
-def _batch_stride(table: torch.Tensor) -> int:
-    return table.stride(0) if table.shape[0] > 1 else 0
+def _launch_config(device_type: str, n_q_heads: int, n_kv_heads: int, head_dim: int, backward: bool,
+                   interleaved: bool = False):
+    """(BLOCK_QH, BLOCK_KH, BLOCK_HALF, plan) of the backend's launch policy."""
+    multiplier = BACKWARD_MEMORY_MULTIPLIER if backward else FORWARD_MEMORY_MULTIPLIER
+    plan = plan_launch(device_type, _request(n_q_heads, n_kv_heads, head_dim, multiplier, interleaved))
+    (block_qh, pad_hd), (block_kh, _) = plan.tiles
+    return block_qh, block_kh, max(1, pad_hd // 2), plan
 
 
-def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int,
-              q_out: torch.Tensor, k_out: torch.Tensor, *, interleaved: bool, backward: bool) -> None:
-    """Launch the rotary kernel. q/k: (bsz, seq, heads, head_dim) in any strides; cos/sin: (bsz or 1, seq, n)
-    in any strides; q_out/k_out: new tensors contiguous in (bsz, seq, heads, head_dim). Inputs are checked by the
-    calling op's launcher; this only launches."""
-    bsz, seq_len, n_q_heads, head_dim = q.shape
-    n_kv_heads = k.shape[2]
+@functools.lru_cache(maxsize=1024)
+def _cuda_launch_config(n_q_heads: int, n_kv_heads: int, head_dim: int, backward: bool, interleaved: bool):
+    """CUDA plans depend on nothing but the request: memoised on plain ints (the per-call host cost matters for
+    a kernel this short). NPU/CPU plans go through plan_launch every time (the emulated chip may change)."""
+    block_qh, block_kh, block_half, plan = _launch_config("cuda", n_q_heads, n_kv_heads, head_dim, backward,
+                                                          interleaved)
+    return block_qh, block_kh, block_half, plan, plan.launch_options()
+
+
+def _vec(max_vec: int, g: int) -> int:
+    """Largest power of two <= max_vec that divides g (g = 0: max_vec)."""
+    return min(max_vec, g & -g) if g else max_vec
+
+
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torch.Tensor,
+              cos: torch.Tensor, sin: torch.Tensor, dims, q_strides, k_strides, table_strides, half: int,
+              sections=(0, 0), *, interleaved: bool, mrope: bool = False, backward: bool) -> None:
+    """Launch the rotary kernel.
+
+    dims = (bsz, seq_len, n_q_heads, n_kv_heads, head_dim). q/k: tensors whose logical (bsz, seq, heads,
+    head_dim) element strides are ``q_strides``/``k_strides`` = (batch, seq, head) (unit stride along head_dim);
+    q_out/k_out: new tensors contiguous in (bsz, seq, heads, head_dim). cos/sin: tables with element strides
+    ``table_strides`` = (plane, batch, seq) (batch 0 when broadcast; plane only with ``mrope``) and unit stride
+    along columns (interleaved: the float (re, im) view of the complex frequencies; ``sin`` is unused).
+    ``sections``: the mrope section boundaries (sec1, sec2). Inputs are checked by the calling op's launcher;
+    this only launches.
+    """
+    bsz, seq_len, n_q_heads, n_kv_heads, head_dim = dims
     n_rows = bsz * seq_len
     if n_rows == 0 or head_dim == 0 or n_q_heads + n_kv_heads == 0:
         return
-    require_launchable(q.device)
-    multiplier = BACKWARD_MEMORY_MULTIPLIER if backward else FORWARD_MEMORY_MULTIPLIER
-    plan = plan_launch(q.device.type, _request(n_q_heads, n_kv_heads, head_dim, multiplier))
-    (block_qh, pad_hd), (block_kh, _) = plan.tiles
+    if q.is_cuda:
+        block_qh, block_kh, block_half, plan, options = _cuda_launch_config(n_q_heads, n_kv_heads, head_dim, backward,
+                                                                            interleaved)
+    else:
+        require_launchable(q.device)
+        block_qh, block_kh, block_half, plan = _launch_config(q.device.type, n_q_heads, n_kv_heads, head_dim,
+                                                              backward, interleaved)
+        options = plan.launch_options()
+    q_sb, q_ss, q_sh = q_strides
+    k_sb, k_ss, k_sh = k_strides
+    t_sp, t_sb, t_ss = table_strides
+    if bsz == 1:  # the stride of a size-1 dim is never used (and may be anything): keep it out of VEC
+        q_sb = k_sb = 0
+    if seq_len == 1:
+        q_ss = k_ss = t_ss = 0
+    sec1, sec2 = sections
+    vec = _vec(VECTOR_BYTES // q.element_size(), math.gcd(q_sb, q_ss, q_sh, k_sb, k_ss, k_sh))
+    tvec = _vec(VECTOR_BYTES // cos.element_size(), math.gcd(t_sp, t_sb, t_ss, sec1, sec2))
     kernel = _rotary_bwd_kernel if backward else _rotary_fwd_kernel
     kernel[(plan.grid(n_rows),)](
         q, k, cos, sin, q_out, k_out,
         n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
-        *q.stride(), *k.stride(),
-        _batch_stride(cos), cos.stride(1), cos.stride(2), _batch_stride(sin), sin.stride(1), sin.stride(2),
-        BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=max(1, pad_hd // 2), INTERLEAVED=interleaved,
-        **plan.launch_options(),
+        q_sb // vec, q_ss // vec, q_sh // vec, k_sb // vec, k_ss // vec, k_sh // vec,
+        t_sp // tvec, t_sb // tvec, t_ss // tvec, sec1 // tvec, sec2 // tvec,
+        BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, VEC=vec, TVEC=tvec, INTERLEAVED=interleaved,
+        MROPE=mrope, **options,
     )
 
 
 def head_tiles(device_type: str, n_q_heads: int, n_kv_heads: int, head_dim: int,
                backward: bool = False) -> Tuple[int, int]:
     """(BLOCK_QH, BLOCK_KH) the launcher would use (tests and benchmarks read it)."""
-    multiplier = BACKWARD_MEMORY_MULTIPLIER if backward else FORWARD_MEMORY_MULTIPLIER
-    (block_qh, _), (block_kh, _) = plan_launch(device_type, _request(n_q_heads, n_kv_heads, head_dim, multiplier)).tiles
+    block_qh, block_kh, _, _ = _launch_config(device_type, n_q_heads, n_kv_heads, head_dim, backward)
     return block_qh, block_kh

@@ -7,7 +7,7 @@
 
     (q[2j] + i q[2j+1]) * freqs_cis[b, s, j]  ->  out[2j], out[2j+1]
 
-The frequencies go to the kernel as strided real views of ``torch.view_as_real(freqs_cis)`` (no copy). As in HF
+The frequencies go to the kernel as the float32 (re, im) view ``torch.view_as_real(freqs_cis)`` (no copy). As in HF
 the product is computed in fp32 and the outputs have q's (k's) dtype; they are new tensors, contiguous in
 (bsz, seq, heads, head_dim). Backward: multiplication by the conjugate. Kernels and memory analysis: ``_rotary.py``.
 """
@@ -50,23 +50,32 @@ def new_llama4_output(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _llama4_launch(q, k, freqs_cis, *, backward: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def launch_llama4(q, k, freqs_cis, *, backward: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     q_out, k_out = new_llama4_output(q), new_llama4_output(k)
-    if freqs_cis.dim() == 2:
-        freqs_cis = freqs_cis.unsqueeze(0)
+    bsz, seq_len, n_q_heads, head_dim = q.shape
+    if q.stride(3) != 1:  # the kernel reads each head's row as one contiguous block (rare: copy)
+        q = q.contiguous()
+    if k.stride(3) != 1:
+        k = k.contiguous()
     if freqs_cis.dtype != FREQS_DTYPE:  # complex128: no fp64 inside kernels; the table is small
         freqs_cis = freqs_cis.to(FREQS_DTYPE)
-    freqs = torch.view_as_real(freqs_cis)  # (B, seq, head_dim // 2, 2) float32 view
-    rotate_qk(q, k, freqs[..., 0], freqs[..., 1], q.shape[-1] // 2, q_out, k_out, interleaved=True, backward=backward)
+    if freqs_cis.stride(-1) != 1:
+        freqs_cis = freqs_cis.contiguous()
+    freqs = torch.view_as_real(freqs_cis)  # (..., seq, head_dim // 2, 2) float32 view: (re, im) pairs
+    f_strides = freqs.stride()
+    f_batch = f_strides[0] if freqs_cis.dim() == 3 and freqs_cis.shape[0] > 1 else 0
+    rotate_qk(q, k, q_out, k_out, freqs, freqs, (bsz, seq_len, n_q_heads, k.shape[2], head_dim),
+              q.stride()[:3], k.stride()[:3], (0, f_batch, f_strides[-3]), head_dim // 2,
+              interleaved=True, backward=backward)
     return q_out, k_out
 
 
 def llama4_rope_forward(q: torch.Tensor, k: torch.Tensor, freqs_cis: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     check_llama4_inputs(q, k, freqs_cis)
-    return _llama4_launch(q, k, freqs_cis, backward=False)
+    return launch_llama4(q, k, freqs_cis, backward=False)
 
 
 def llama4_rope_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, freqs_cis: torch.Tensor
                          ) -> Tuple[torch.Tensor, torch.Tensor]:
     check_llama4_inputs(grad_q, grad_k, freqs_cis, names=("grad_q", "grad_k"))
-    return _llama4_launch(grad_q, grad_k, freqs_cis, backward=True)
+    return launch_llama4(grad_q, grad_k, freqs_cis, backward=True)

@@ -7,11 +7,12 @@
 Section i of ``mrope_section * 2`` (which tiles the full head dim) takes its columns from plane i % 3; the merged
 (bsz or 1, seq, head_dim) tables then rotate q and k exactly as rope does.
 
-Design: the merge runs on the device as a gather of the merged columns (``torch.cat`` of per-section slices, one
-read and one write of a (bsz, seq, head_dim) table each for cos and sin), then the rope kernel runs unchanged.
-That table is n_heads times smaller than q and k (about 6% extra traffic for Qwen2-VL-7B's 28 + 4 heads with
-bf16 tables), keeps one kernel for all three rotary ops, and works for any number of sections; an in-kernel merge
-would need the section boundaries as kernel arguments and a per-column plane select in every row for that 6%.
+Design: the merge happens inside the rope kernel. For the usual three sections (Qwen2-VL, Qwen2.5-VL) both
+halves of the head dim take section i from plane i, so column j (and half + j) reads plane 0, 1 or 2 by the two
+boundaries sec1 = s0, sec2 = s0 + s1: the kernel reads each row's cos/sin columns straight from their planes
+(one head_dim-wide row of cos and of sin per (batch, seq) row, as for rope; no merged table is written). Other
+section counts (where the two halves' planes differ) merge on the device first (``torch.cat`` of per-section
+slices, one read and one write of a (bsz, seq, head_dim) table each for cos and sin), then the same kernel runs.
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ def merge_mrope_sections(table: torch.Tensor, mrope_section: Sequence[int]) -> t
     return torch.cat([chunk[i % N_PLANES] for i, chunk in enumerate(chunks)], dim=-1)
 
 
-def _mrope_launch(q, k, cos, sin, mrope_section, *, backward: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def launch_mrope(q, k, cos, sin, mrope_section, *, backward: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    if len(mrope_section) == N_PLANES:
+        sec1 = mrope_section[0]
+        return launch_rope(q, k, cos, sin, backward=backward, mrope_sections=(sec1, sec1 + mrope_section[1]))
     merged_cos = merge_mrope_sections(cos, mrope_section)
     merged_sin = merge_mrope_sections(sin, mrope_section)
     return launch_rope(q, k, merged_cos, merged_sin, backward=backward)
@@ -64,10 +68,10 @@ def _mrope_launch(q, k, cos, sin, mrope_section, *, backward: bool) -> Tuple[tor
 def qwen2vl_mrope_forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           mrope_section: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     check_mrope_inputs(q, k, cos, sin, mrope_section)
-    return _mrope_launch(q, k, cos, sin, mrope_section, backward=False)
+    return launch_mrope(q, k, cos, sin, mrope_section, backward=False)
 
 
 def qwen2vl_mrope_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            mrope_section: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     check_mrope_inputs(grad_q, grad_k, cos, sin, mrope_section, names=("grad_q", "grad_k"))
-    return _mrope_launch(grad_q, grad_k, cos, sin, mrope_section, backward=True)
+    return launch_mrope(grad_q, grad_k, cos, sin, mrope_section, backward=True)

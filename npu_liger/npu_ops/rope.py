@@ -95,15 +95,46 @@ def new_rope_output(x: torch.Tensor) -> torch.Tensor:
     )
 
 
-def launch_rope(q, k, cos, sin, *, backward: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Checked inputs -> new outputs (the rope kernel of ``_rotary.py``; qwen2vl_mrope reuses it)."""
-    q_out, k_out = new_rope_output(q), new_rope_output(k)
-    if cos.dim() == 2:
-        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
-    if cos.dtype == torch.float64:  # no fp64 inside kernels; a (bsz, seq, rotary_dim) table is cheap to round
+def _seq_major_strides(x: torch.Tensor):
+    """x (bsz, heads, seq, head_dim) with unit stride along head_dim (copied otherwise, rare): (x, its
+    (batch, seq, head) strides)."""
+    sb, sh, ss, sd = x.stride()
+    if sd != 1:
+        x = x.contiguous()
+        sb, sh, ss, sd = x.stride()
+    return x, (sb, ss, sh)
+
+
+def table_strides(table: torch.Tensor, plane: int = 0):
+    """(plane, batch, seq) element strides of a (..., [bsz or 1,] seq, n) table; batch 0 when broadcast."""
+    stride, shape = table.stride(), table.shape
+    batch = stride[-3] if table.dim() >= 3 and shape[-3] > 1 else 0
+    return plane, batch, stride[-2]
+
+
+def table_pair(cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin as the kernel reads them: float64 rounded to float32 (no fp64 inside kernels; a table is small),
+    unit stride along columns and the same strides for both (copied otherwise, rare)."""
+    if cos.dtype == torch.float64:
         cos, sin = cos.float(), sin.float()
-    rotate_qk(q.transpose(1, 2), k.transpose(1, 2), cos, sin, cos.shape[-1] // 2,
-              q_out.transpose(1, 2), k_out.transpose(1, 2), interleaved=False, backward=backward)
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return cos, sin
+
+
+def launch_rope(q, k, cos, sin, *, backward: bool, mrope_sections=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Checked inputs -> new outputs (the rope kernel of ``_rotary.py``; qwen2vl_mrope reuses it with
+    ``mrope_sections`` = (sec1, sec2) and (3, bsz or 1, seq, head_dim) tables)."""
+    q_out, k_out = new_rope_output(q), new_rope_output(k)
+    bsz, n_q_heads, seq_len, head_dim = q.shape
+    dims = (bsz, seq_len, n_q_heads, k.shape[1], head_dim)
+    q, q_strides = _seq_major_strides(q)
+    k, k_strides = _seq_major_strides(k)
+    cos, sin = table_pair(cos, sin)
+    mrope = mrope_sections is not None
+    rotate_qk(q, k, q_out, k_out, cos, sin, dims, q_strides, k_strides,
+              table_strides(cos, cos.stride(0) if mrope else 0), cos.shape[-1] // 2,
+              mrope_sections if mrope else (0, 0), interleaved=False, mrope=mrope, backward=backward)
     return q_out, k_out
 
 

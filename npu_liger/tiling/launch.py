@@ -9,6 +9,7 @@ backend     tiles                                                   grid (``plan
 ``npu``     UB manager of the attached chip (``get_ub_manager()``)  min(tasks, vector cores, 65535)
 ``cpu``     UB manager of the emulated chip (``chips.py``)          min(tasks, emulated vector cores)
 ``cuda``    the same formula against a per-program tile budget      one program per task
+            (warps by tile size, or the request's ``cuda_num_warps``)
 ==========  ======================================================  ================================
 
 Plans are computed at dispatch time (never while tracing) and memoised, so a launch costs a dict lookup.
@@ -32,13 +33,17 @@ CUDA_TILE_BUDGET_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class TileRequest:
-    """A kernel's memory analysis, in the UB manager's terms (see ``ub_manager.py``)."""
+    """A kernel's memory analysis, in the UB manager's terms (see ``ub_manager.py``).
+
+    ``cuda_num_warps``: warps per program on CUDA, when the kernel has measured a better value than the default
+    rule (by tile size, ``_plan_cuda``); ignored by the NPU and CPU plans."""
 
     memory_multiplier: float
     shapes: Tuple[Tuple[int, ...], ...]
     tiling_dims: Tuple[TilingDim, ...]
     dtype_size: int
     safety_margin: float = 0.80
+    cuda_num_warps: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ def _plan_cuda(request: TileRequest) -> LaunchPlan:
     for size in tiles[0]:
         elements *= size
     num_warps = 4 if elements <= 2048 else 8 if elements <= 8192 else 16
+    if request.cuda_num_warps is not None:
+        num_warps = request.cuda_num_warps
     return LaunchPlan("cuda", tiles, None, num_warps)
 
 
