@@ -18,7 +18,7 @@ embedding_op = torch.ops.npu_liger.embedding.default
 embedding_backward_op = torch.ops.npu_liger.embedding_backward.default
 INDEX_DTYPES = (torch.int32, torch.int64)
 
-# Embedding dims: 1, primes, and the emulated NPU's column blocks (forward 8192, atomic backward 4096,
+# Embedding dims: 1, primes, and the emulated NPU's column blocks (forward 8192,
 # sorted backward 512 at the default UB). Vocabulary sizes: 1, primes, powers of two.
 EMBED_DIMS = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 127, 511, 512, 513, 1000, 4097, 8191, 8193])
 VOCAB_SIZES = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 127, 257, 1000])
@@ -125,7 +125,8 @@ def test_half_precision_updates_are_not_lost(dtype, deterministic):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_deterministic_mode_is_bitwise_reproducible_without_atomics(dtype, monkeypatch):
+def test_backward_is_bitwise_reproducible_in_every_mode(dtype):
+    """One sorted kernel, no atomics: the same bits with and without deterministic mode, run after run."""
     indices = make_indices((3, 200), 64, torch.int64, distinct=7)
     grad_out = randn((3, 200, 70), dtype, scale=3.0)
     ref64 = torch.zeros((64, 70), dtype=torch.float64, device=DEVICE)
@@ -133,29 +134,70 @@ def test_deterministic_mode_is_bitwise_reproducible_without_atomics(dtype, monke
     ref64[5] = 0.0
     tol = FP32_RTOL if dtype == torch.float32 else UNIT_ROUNDOFF[dtype]
     with deterministic_algorithms(False):
-        atomic = embedding_backward_op(grad_out, indices, 64, 5)
-
-    class NoLaunch:
-        def __getitem__(self, grid):
-            raise AssertionError("the atomic kernel ran in deterministic mode")
-
-    monkeypatch.setattr(embedding_kernels, "_embedding_bwd_atomic_kernel", NoLaunch())
+        default = embedding_backward_op(grad_out, indices, 64, 5)
     with deterministic_algorithms(True):
         first = embedding_backward_op(grad_out, indices, 64, 5)
         second = embedding_backward_op(grad_out.clone(), indices.clone(), 64, 5)
-    assert torch.equal(first, second)
-    assert rel_error(first, ref64) <= tol and rel_error(atomic, ref64) <= tol
+    assert torch.equal(first, second) and torch.equal(first, default)
+    assert rel_error(first, ref64) <= tol
 
 
-def test_default_mode_uses_the_atomic_kernel(monkeypatch):
-    class NoLaunch:
+class _NanEmpty:
+    """Stands in for the ``torch`` module inside the kernel file: floating-point ``torch.empty`` comes back full
+    of NaN, so any element of grad_weight the backward kernel fails to write shows up."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        out = torch.empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+
+@pytest.mark.parametrize("dim", [1, 33, 600])
+def test_backward_writes_every_element_of_grad_weight(dim, monkeypatch):
+    """grad_weight is allocated uninitialised: untouched rows, the padding row and every column block must be
+    written by the kernel (zeros where no token names the row)."""
+    monkeypatch.setattr(embedding_kernels, "torch", _NanEmpty())
+    indices = make_indices((2, 9), 40, distinct=6)
+    grad_out = randn((2, 9, dim))
+    grad_weight = embedding_backward_op(grad_out, indices, 40, int(indices[0, 0]))
+    expected = torch.zeros(40, dim, dtype=torch.float64, device=DEVICE)
+    expected.index_add_(0, indices.reshape(-1), grad_out.reshape(-1, dim).double())
+    expected[int(indices[0, 0])] = 0.0
+    assert not grad_weight.isnan().any(), "some elements of grad_weight were never written"
+    assert_close(grad_weight, expected)
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_long_runs_go_to_the_long_run_kernel(index_dtype, monkeypatch):
+    """Runs around the LONG_RUN threshold (and a long padding run): the long-run kernel sums exactly the runs
+    longer than LONG_RUN, each once, the main kernel every other row; together they write every element."""
+    long_run = embedding_kernels.LONG_RUN
+    lengths = {0: long_run, 1: long_run + 1, 2: 2 * long_run + 5, 3: 1, 4: 3, 5: 3 * long_run + 2, 7: long_run + 2}
+    flat_indices = torch.cat([torch.full((count,), row) for row, count in lengths.items()])
+    flat_indices = flat_indices[torch.randperm(flat_indices.numel())].to(index_dtype).to(DEVICE)
+    monkeypatch.setattr(embedding_kernels, "torch", _NanEmpty())
+    launches = []
+    long_kernel = embedding_kernels._embedding_bwd_long_kernel
+
+    class Counting:
         def __getitem__(self, grid):
-            raise AssertionError("the sorted kernel ran outside deterministic mode")
+            launches.append(grid)
+            return long_kernel[grid]
 
-    monkeypatch.setattr(embedding_kernels, "_embedding_bwd_kernel", NoLaunch())
-    with deterministic_algorithms(False):
-        grad_weight = embedding_backward_op(randn((6, 4)), torch.tensor([0, 1, 1, 2, 2, 2], device=DEVICE), 3, -1)
-    assert grad_weight.shape == (3, 4)
+    monkeypatch.setattr(embedding_kernels, "_embedding_bwd_long_kernel", Counting())
+    for padding_idx in (-1, 5):
+        grad_out = randn((flat_indices.numel(), 37))
+        grad_weight = embedding_backward_op(grad_out, flat_indices, 9, padding_idx)
+        expected = torch.zeros(9, 37, dtype=torch.float64, device=DEVICE)
+        expected.index_add_(0, flat_indices.long(), grad_out.double())
+        if padding_idx >= 0:
+            expected[padding_idx] = 0.0
+        assert not grad_weight.isnan().any()
+        assert_close(grad_weight, expected)
+    assert len(launches) == 2
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
@@ -177,8 +219,7 @@ def test_out_of_range_indices_raise_naming_the_value(bad, index_dtype):
 def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, deterministic, monkeypatch):
     """With the host check switched off, bad indices touch nothing outside weight: weight is a view into a
     buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output."""
-    monkeypatch.setattr(embedding_kernels, "check_index_range",
-                        lambda low, high, num_embeddings, *counts: [int(c) for c in counts])
+    monkeypatch.setattr(embedding_kernels, "check_index_range", lambda low, high, num_embeddings: None)
     big = 2**31 - 1 if index_dtype == torch.int32 else 2**40
     buffer = torch.full((14, 5), 777.0, device=DEVICE)
     buffer[2:12] = randn((10, 5))
@@ -258,15 +299,13 @@ def test_compile_helper_forward_only():
 
 
 def test_tiling_loops_iterate_with_a_small_ub(small_ub):
-    """A 4 KiB UB: with D = 300 the forward walks 128-column blocks, the sorted backward 16-column blocks and
-    the atomic backward 64-column blocks, one token per tile; with D = 3 the forward's token blocks are 32
-    wide, and 1500 tokens make 47 of them, so the 40 programs of the persistent grid loop."""
+    """A 4 KiB UB: with D = 300 the forward walks 128-column blocks and the backward 16-column blocks, one token
+    per forward tile; with D = 3 the forward's token blocks are 32 wide, and 1500 tokens make 47 of them, so
+    the 40 programs of the persistent grid loop (as they do over the backward's row x column-block tasks)."""
     small_ub(4096)
     forward = embedding_kernels._token_plan("cpu", 30, 300, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
     assert forward.tiles == ((1, 128),) and forward.max_programs == 40
-    assert embedding_kernels._sorted_plan("cpu", 300).tiles == ((8, 16),)
-    atomic = embedding_kernels._token_plan("cpu", 30, 300, embedding_kernels.ATOMIC_BACKWARD_MEMORY_MULTIPLIER)
-    assert atomic.tiles == ((1, 64),)
+    assert embedding_kernels._backward_plan("cpu", 300).tiles == ((8, 16),)
     many_tokens = embedding_kernels._token_plan("cpu", 1500, 3, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
     assert many_tokens.tiles == ((32, 4),)
     for deterministic in (False, True):
@@ -274,6 +313,30 @@ def test_tiling_loops_iterate_with_a_small_ub(small_ub):
         check_forward_backward(randn((20, 300), torch.bfloat16, noncontiguous=True),
                                make_indices((30,), 20, distinct=5), None, deterministic)
         check_forward_backward(randn((50, 3)), make_indices((1500,), 50, torch.int32), 7, deterministic)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
+def test_cuda_graph_capture_and_replay():
+    """Under capture the host-side index check is skipped (no host copy is possible); forward and backward
+    capture and replay, and give the eager results."""
+    weight = randn((50, 64), torch.bfloat16)
+    indices = make_indices((4, 33), 50, distinct=20)
+    grad_out = randn((4, 33, 64), torch.bfloat16)
+    eager_out = embedding_op(weight, indices)
+    eager_grad = embedding_backward_op(grad_out, indices, 50, 3)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (compiles the kernels) outside the capture
+        embedding_op(weight, indices)
+        embedding_backward_op(grad_out, indices, 50, 3)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = embedding_op(weight, indices)
+        grad = embedding_backward_op(grad_out, indices, 50, 3)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager_out) and torch.equal(grad, eager_grad)
 
 
 def test_module_matches_torch_embedding():

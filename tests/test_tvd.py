@@ -291,6 +291,33 @@ def test_eager_entry_matches_the_dispatched_op(reduction):
         assert npu_liger.tvd(p, q, labels, reduction).grad_fn is None
 
 
+class _NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("the backward recomputed from p and q in an eager training call")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("bwd_multiplier", [None, 24.0])
+def test_eager_training_backward_reads_codes_not_p_and_q(reduction, bwd_multiplier, monkeypatch):
+    """Eager training calls save 2-bit sign codes in the forward; the backward reads them (never p and q) and
+    gives the op's bits. A larger backward multiplier makes the backward's code tiles narrower than the
+    forward's (BYTES < QUARTER), so a forward tile is read back in several pieces."""
+    if bwd_multiplier is not None:
+        monkeypatch.setattr(tvd_kernels, "BACKWARD_MEMORY_MULTIPLIER", bwd_multiplier)
+    p, q = make_pair(11, 4100 if DEVICE != "cpu" else 1030, equal_fraction=0.3)
+    labels = make_labels(11, "some")
+    slow_p, slow_q = p.clone().requires_grad_(True), q.clone().requires_grad_(True)
+    slow = tvd_op(slow_p, slow_q, labels, reduction)
+    slow.backward(torch.ones_like(slow) * 3.0)
+    monkeypatch.setattr(tvd_kernels, "_tvd_bwd_kernel", _NoLaunch())
+    p.requires_grad_(True)
+    q.requires_grad_(True)
+    fast = npu_liger.tvd(p, q, labels, reduction)
+    assert fast.grad_fn is not None and "TvdCodesEager" in type(fast.grad_fn).__name__
+    fast.backward(torch.ones_like(fast) * 3.0)
+    assert torch.equal(fast, slow) and torch.equal(p.grad, slow_p.grad) and torch.equal(q.grad, slow_q.grad)
+
+
 def test_double_backward_raises_clear_error():
     p, q = make_pair(3, 8)
     p.requires_grad_(True)

@@ -8,27 +8,34 @@ Forward gathers rows without any arithmetic, so it is exact in every dtype. It w
 block) tiles: D is tiled with the UB manager, the token block fills what is left of the UB (many tokens per
 tile when D is small), and a persistent grid strides over the token blocks.
 
-Backward has two paths, picked at run time by ``torch.are_deterministic_algorithms_enabled()``:
-- deterministic (``_embedding_bwd_kernel``): the flat indices are sorted on the device (stable), so equal rows
-  form runs (bounds from cumsum + searchsorted, on the device); each (run, column block) task is owned by
-  exactly one program, which sums the run's gradient rows in a fixed order in fp32 and stores the row once,
-  cast to the weight's dtype. No atomics, no (V, D) fp32 buffer, bitwise-identical results from run to run.
-- default (``_embedding_bwd_atomic_kernel``): one pass over the tokens with ``tl.atomic_add`` into an fp32
-  (V, D) accumulator (the output itself for fp32 weights), cast once at the end. Faster for hot rows, but the
-  order of the additions varies between runs on a parallel device.
-Either way low-precision gradients are summed in fp32, so many small updates to one bf16/fp16 row are not
-lost to rounding (bf16 arithmetic would stall at 256 when adding 1.0 a thousand times).
+Backward (one path, deterministic in every mode): the flat indices are sorted on the device (stable; int32
+keys when the vocabulary allows), and ``torch.searchsorted`` gives every row v of grad_weight the bounds of its
+run of tokens in the sorted order. ``_embedding_bwd_kernel`` owns each (row, column block) task: it sums the
+run's gradient rows in token order in fp32 registers and stores the block once, cast to grad_out's dtype -- or
+zeros when no token names the row (or it is the padding row). Runs longer than LONG_RUN tokens (frequent
+tokens) are left to ``_embedding_bwd_long_kernel``, which sums each of them over narrow column blocks, many
+gradient rows per step, so a hot row is summed by many programs at once. So grad_weight (V x D) is written
+exactly once: no zero-fill pass, no (V, D) fp32 buffer, no atomics, no cast pass, no host sync for the number
+of distinct rows, and bitwise-identical results from run to run. The fp32 sums keep many small updates to one
+bf16/fp16 row (bf16 arithmetic would stall at 256 when adding 1.0 a thousand times).
 
-Out-of-range indices (outside [0, V)): a Triton kernel cannot raise, so the launchers check the index range
-on the host, which costs ONE host-device sync per call (min and max fetched together, plus the number of
-distinct rows in the deterministic backward, which sizes its grid) and raises ``IndexError`` naming the bad
-value. Under ``torch.compile`` the op is opaque and its launcher runs at run time,
-so the check still happens there (it is never traced). Independently of that check every kernel masks
-indices outside [0, V): nothing outside ``weight``/``grad_weight`` is ever read or written (forward writes
-zeros for such tokens, backward skips them).
+Out-of-range indices (outside [0, V)): a Triton kernel cannot raise, so the launchers check the index range on
+the host (``IndexCheck``), which costs one device-to-host copy of the indices' (min, max) per call and raises
+``IndexError`` naming the bad value. On CUDA the min/max reduction and the copy (into pinned memory) are
+submitted to a high-priority side stream before the op's kernels and run alongside them; the host waits for
+that copy only, after launching the kernels, so the GPU never idles for the check and the host does not wait
+for the kernels (with a bad index the kernels' result is discarded). Under ``torch.compile`` the op is opaque
+and its launcher runs at run time, so the check still happens there (it is never traced). While a CUDA graph
+is being captured (``torch.compile(mode="reduce-overhead")``, ``torch.cuda.graph``) the check is skipped: a
+capture cannot copy to the host, and a replay runs no Python. Independently of that check every kernel masks
+indices outside [0, V), so memory safety never depends on it: nothing outside ``weight``/``grad_weight`` is
+ever read or written (forward writes zeros for such tokens, backward skips them).
 """
 
 from __future__ import annotations
+
+import threading
+from typing import Dict
 
 import torch
 import triton
@@ -46,19 +53,29 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 #   elements per tile). Estimated from the live values, not yet measured on hardware.
 #   Two requests: ((D,),) tiling dim 0 gives BLOCK_D; then ((next_pow2(n_tokens), BLOCK_D),) tiling dim 0 (D
 #   fixed at BLOCK_D, unit_param = BLOCK_D) gives BLOCK_N, the tokens that fit beside one column block.
-# Atomic backward, per element of a (BLOCK_N x BLOCK_D) tile: the gradient value (native + fp32 copy, 2 units),
-#   two int64 addresses (grad_out and accumulator, 4 units), masks -> memory_multiplier 7.0 (5617 -> 4096).
-# Deterministic backward, per element of a (RUN_BLOCK x BLOCK_D) tile: the gradient value (native + fp32,
-#   2 units), its int64 address (2 units), mask, plus the fp32 row accumulator (BLOCK_D only, 1/RUN_BLOCK per
-#   element) -> memory_multiplier 6.0. One request: ((RUN_BLOCK, D),) tiling dim 1, so unit_param = RUN_BLOCK
-#   (Ascend910B3: 6553 / 8 = 819 -> BLOCK_D 512).
+# Backward, per element of a (RUN_BLOCK x BLOCK_D) tile: the gradient value (native + fp32, 2 units), its
+#   int64 address (2 units), mask, plus the fp32 row accumulator (BLOCK_D only, 1/RUN_BLOCK per element) ->
+#   memory_multiplier 6.0. One request: ((RUN_BLOCK, D),) tiling dim 1, so unit_param = RUN_BLOCK
+#   (Ascend910B3: 6553 / 8 = 819 -> BLOCK_D 512). The long-run kernel has the same tile with LONG_RUN_BLOCK
+#   rows ((LONG_RUN_BLOCK, D),), its accumulator as large as the tile (one fp32 unit, where the main kernel's
+#   row accumulator and masks take about as much): 6553 / 16 = 409 -> BLOCK_D 256.
 FORWARD_MEMORY_MULTIPLIER = 4.0
-ATOMIC_BACKWARD_MEMORY_MULTIPLIER = 7.0
-SORTED_BACKWARD_MEMORY_MULTIPLIER = 6.0
+BACKWARD_MEMORY_MULTIPLIER = 6.0
 COMPUTE_DTYPE_SIZE = 4
 # Duplicates of one row are summed RUN_BLOCK gradient rows at a time: enough lanes to vectorise hot rows,
 # few enough not to waste a large masked tile on the common run of one or two tokens.
 RUN_BLOCK = 8
+# CUDA: one gradient row per step, so the same formula and register budget give wide column blocks (2048).
+# Most of the backward's time goes to storing grad_weight's rows, most of them zeros (16k tokens over a 128k
+# vocabulary touch ~12% of the rows, once each), and the register-lean tile keeps the most programs (and stores)
+# in flight: measured on an H200 (V 128256, D 4096, 16k tokens, bf16), 0.308 ms for the (1, 2048) tile against
+# 0.327-0.448 ms for tiles of 2-4 rows ((2, 1024) to (4, 4096)).
+CUDA_RUN_BLOCK = 1
+# Runs longer than LONG_RUN tokens (frequent tokens: a Zipf-distributed batch of 16k has one of ~1300) are left
+# to ``_embedding_bwd_long_kernel``, which sums them LONG_RUN_BLOCK gradient rows per step over narrow column
+# blocks, so a hot row is summed by many programs at once instead of serially by one.
+LONG_RUN = 32
+LONG_RUN_BLOCK = 16
 
 
 @triton.jit
@@ -79,50 +96,60 @@ def _embedding_fwd_kernel(weight_ptr, indices_ptr, out_ptr, n_tokens, num_embedd
 
 
 @triton.jit
-def _embedding_bwd_atomic_kernel(grad_out_ptr, indices_ptr, acc_ptr, n_tokens, num_embeddings, dim, padding_idx,
-                                 stride_gn, stride_gd, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    for start in tl.range(program_start(BLOCK_N), n_tokens, grid_stride(BLOCK_N)):
-        tokens = start + tl.arange(0, BLOCK_N)
-        token_mask = tokens < n_tokens
-        rows = tl.load(indices_ptr + tokens, mask=token_mask, other=0).to(tl.int64)
-        owns = token_mask & (rows >= 0) & (rows < num_embeddings) & (rows != padding_idx)
-        src = grad_out_ptr + tokens[:, None] * stride_gn
-        dst = acc_ptr + tl.where(owns, rows, 0)[:, None] * dim
-        for col_start in tl.range(0, dim, BLOCK_D):
-            cols = (col_start + tl.arange(0, BLOCK_D)).to(tl.int64)
-            mask = owns[:, None] & (cols < dim)[None, :]
-            grad = tl.load(src + cols[None, :] * stride_gd, mask=mask, other=0.0).to(tl.float32)
-            tl.atomic_add(dst + cols[None, :], grad, mask=mask)
+def _embedding_bwd_kernel(grad_out_ptr, order_ptr, row_bounds_ptr, grad_weight_ptr, n_tasks, n_col_blocks, dim,
+                          padding_idx, long_run, stride_gn, stride_gd, BLOCK_K: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
+    """Task = (row of grad_weight, column block): sum grad_out over the row's run of tokens
+    (``order[row_bounds[row]:row_bounds[row + 1]]``, token order) in fp32 and store the block once -- zeros for
+    a row no token names, or the padding row. Runs longer than ``long_run`` are skipped here: the long-run
+    kernel owns them. Every element of grad_weight is written by exactly one task of the two kernels."""
+    for task in tl.range(program_start(1), n_tasks, grid_stride(1)):
+        row = task // n_col_blocks
+        col_block = task % n_col_blocks
+        run_start = tl.load(row_bounds_ptr + row)
+        run_end = tl.load(row_bounds_ptr + row + 1)
+        run_end = tl.where(row == padding_idx, run_start, run_end)  # the padding row sums nothing
+        if run_end - run_start <= long_run:
+            cols = (col_block * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
+            col_mask = cols < dim
+            acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+            for k_start in tl.range(run_start, run_end, BLOCK_K):
+                ks = k_start + tl.arange(0, BLOCK_K)
+                k_mask = ks < run_end
+                tokens = tl.load(order_ptr + ks, mask=k_mask, other=0).to(tl.int64)
+                grad = tl.load(grad_out_ptr + tokens[:, None] * stride_gn + cols[None, :] * stride_gd,
+                               mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+                acc += tl.sum(grad, axis=0)
+            tl.store(grad_weight_ptr + row * dim + cols, acc.to(grad_weight_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
-def _embedding_bwd_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, run_bounds_ptr, grad_weight_ptr, n_tasks,
-                          n_col_blocks, num_embeddings, dim, padding_idx, stride_gn, stride_gd,
-                          BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Task = (run of equal rows in the sorted indices, column block): sum grad_out over the run's tokens
-    (``order[run_start:run_end]``) in a fixed order and write that row. Each grad_weight row is one run, so
-    exactly one program writes it."""
-    for task in tl.range(tl.program_id(0), n_tasks, tl.num_programs(0)):
-        run = task // n_col_blocks
+def _embedding_bwd_long_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, row_bounds_ptr, grad_weight_ptr, n_tasks,
+                               n_col_blocks, num_embeddings, dim, padding_idx, long_run, stride_gn, stride_gd,
+                               BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The runs longer than ``long_run`` tokens. Task = (slot, column block); slot s looks at sorted position
+    k = s * (long_run + 1). Every such run covers at least long_run + 1 positions, so it holds a multiple of
+    long_run + 1, and the first one (k - run_start <= long_run) owns the run: exactly one slot per long run."""
+    for task in tl.range(program_start(1), n_tasks, grid_stride(1)):
+        k = (task // n_col_blocks) * (long_run + 1)
         col_block = task % n_col_blocks
-        run_start = tl.load(run_bounds_ptr + run)
-        row = tl.load(sorted_rows_ptr + run_start).to(tl.int64)
-        owns = (row >= 0) & (row < num_embeddings) & (row != padding_idx)
-        run_end = tl.where(owns, tl.load(run_bounds_ptr + run + 1), run_start)  # empty loop: nothing to own
-        cols = (col_block * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
-        col_mask = cols < dim
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for k_start in tl.range(run_start, run_end, BLOCK_K):
-            ks = k_start + tl.arange(0, BLOCK_K)
-            k_mask = ks < run_end
-            tokens = tl.load(order_ptr + ks, mask=k_mask, other=0).to(tl.int64)
-            grad = tl.load(grad_out_ptr + tokens[:, None] * stride_gn + cols[None, :] * stride_gd,
-                           mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(grad, axis=0)
-        # The store mask is built from integers: the interpreter mis-types a splat scalar bool in a mask.
-        store_cols = tl.where(owns, dim, 0)
-        dst = grad_weight_ptr + tl.where(owns, row, 0) * dim
-        tl.store(dst + cols, acc.to(grad_weight_ptr.dtype.element_ty), mask=cols < store_cols)
+        row = tl.load(sorted_rows_ptr + k).to(tl.int64)
+        valid = (row >= 0) & (row < num_embeddings) & (row != padding_idx)
+        safe_row = tl.where(valid, row, 0)
+        run_start = tl.load(row_bounds_ptr + safe_row)
+        run_end = tl.load(row_bounds_ptr + safe_row + 1)
+        if valid & (run_end - run_start > long_run) & (k - run_start <= long_run):
+            cols = (col_block * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
+            col_mask = cols < dim
+            acc = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)  # reduced once, after the loop
+            for k_start in tl.range(run_start, run_end, BLOCK_K):
+                ks = k_start + tl.arange(0, BLOCK_K)
+                k_mask = ks < run_end
+                tokens = tl.load(order_ptr + ks, mask=k_mask, other=0).to(tl.int64)
+                acc += tl.load(grad_out_ptr + tokens[:, None] * stride_gn + cols[None, :] * stride_gd,
+                               mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+            row_sum = tl.sum(acc, axis=0).to(grad_weight_ptr.dtype.element_ty)
+            tl.store(grad_weight_ptr + safe_row * dim + cols, row_sum, mask=col_mask)
 
 
 def _check_indices(indices: torch.Tensor, weight_like: torch.Tensor, weight_name: str) -> None:
@@ -166,27 +193,96 @@ def check_embedding_backward_inputs(grad_out: torch.Tensor, indices: torch.Tenso
     _check_padding_idx(padding_idx, num_embeddings)
 
 
-def check_index_range(low: torch.Tensor, high: torch.Tensor, num_embeddings: int, *counts: torch.Tensor):
-    """Raise IndexError unless ``0 <= low <= high < num_embeddings``. ``low``/``high`` (the indices' min and
-    max) and any ``counts`` are 0-d tensors still on the device: fetching them together is the launcher's one
-    host sync. Returns the counts as ints."""
-    low, high, *counts = torch.stack([t.to(torch.int64) for t in (low, high, *counts)]).tolist()
+def _capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is capturing a graph: no host copy or sync is allowed then."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+_SIDE_STREAMS: Dict[int, "torch.cuda.Stream"] = {}
+_PER_THREAD = threading.local()  # pinned (min, max) buffers and events, reused call after call
+
+
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    stream = _SIDE_STREAMS.get(device.index)
+    if stream is None:  # high priority: its few blocks are dispatched ahead of a big kernel's pending ones
+        stream = _SIDE_STREAMS.setdefault(device.index, torch.cuda.Stream(device, priority=-1))
+    return stream
+
+
+def _thread_cache(device: torch.device, dtype: torch.dtype):
+    """(pinned 2-element host buffer, "indices ready" event, "copied" event) of this thread for this device and
+    index dtype. Reusing them is safe: every call waits for its copy before it returns."""
+    cache = getattr(_PER_THREAD, "cache", None)
+    if cache is None:
+        cache = _PER_THREAD.cache = {}
+    key = (device.index, dtype)
+    entry = cache.get(key)
+    if entry is None:
+        entry = cache[key] = (torch.empty(2, dtype=dtype, pin_memory=True), torch.cuda.Event(), torch.cuda.Event())
+    return entry
+
+
+class IndexCheck:
+    """The host-side index range check, one device-to-host copy of the indices' (min, max) per call.
+
+    ``IndexCheck(indices)`` marks where the indices are ready on the current stream; ``start()`` submits the
+    check; the caller launches its kernels and calls ``finish(num_embeddings)``, which raises IndexError naming
+    a bad index. On CUDA ``start`` puts the min/max reduction and the copy (into pinned memory) on a
+    high-priority side stream, waiting only for that mark, and the caller calls it before its large kernels,
+    so the check runs alongside them instead of queueing behind their blocks; ``finish`` waits for that copy
+    only: the GPU never idles for the check and the host does not wait for the kernels. Elsewhere ``finish``
+    computes and fetches the pair (one sync). While a CUDA graph is being captured no host copy is possible:
+    the check is skipped (the kernels still mask)."""
+
+    def __init__(self, indices: torch.Tensor):
+        self.indices = indices
+        self.skip = _capturing(indices.device)
+        self.cuda = indices.device.type == "cuda" and not self.skip
+        if self.cuda:
+            self.host, self.ready, self.copied = _thread_cache(indices.device, indices.dtype)
+            self.ready.record()
+
+    def start(self) -> "IndexCheck":
+        if self.cuda:
+            side = _side_stream(self.indices.device)
+            side.wait_event(self.ready)
+            with torch.cuda.stream(side):
+                low_high = torch.empty(2, dtype=self.indices.dtype, device=self.indices.device)
+                torch.aminmax(self.indices, out=(low_high[0], low_high[1]))  # one reduction writes both
+                self.host.copy_(low_high, non_blocking=True)
+                self.copied.record(side)
+        return self
+
+    def finish(self, num_embeddings: int) -> None:
+        if self.skip:
+            return
+        if self.cuda:
+            self.copied.synchronize()  # the copy only: the caller's kernels may still be running
+            low, high = self.host.tolist()
+        else:
+            low, high = torch.stack(torch.aminmax(self.indices)).tolist()
+        check_index_range(low, high, num_embeddings)
+
+
+def check_index_range(low: int, high: int, num_embeddings: int) -> None:
+    """Raise IndexError unless ``0 <= low <= high < num_embeddings`` (the indices' min and max)."""
     if low < 0 or high >= num_embeddings:
         bad = low if low < 0 else high
         raise IndexError(f"index {bad} is out of range for an embedding with num_embeddings={num_embeddings}: "
                          f"indices must be in [0, {num_embeddings}) (got values from {low} to {high})")
-    return counts
 
 
-def _token_plan(device_type: str, n_tokens: int, dim: int, memory_multiplier: float):
+def _token_plan(device_type: str, n_tokens: int, dim: int, memory_multiplier: float = FORWARD_MEMORY_MULTIPLIER):
     """(BLOCK_N, BLOCK_D) plan: D tiled first, then as many tokens as fit beside one column block."""
     block_d = plan_launch(device_type, TileRequest(memory_multiplier, ((dim,),), (0,), COMPUTE_DTYPE_SIZE)).block
     request = TileRequest(memory_multiplier, ((triton.next_power_of_2(n_tokens), block_d),), (0,), COMPUTE_DTYPE_SIZE)
     return plan_launch(device_type, request)
 
 
-def _sorted_plan(device_type: str, dim: int):
-    request = TileRequest(SORTED_BACKWARD_MEMORY_MULTIPLIER, ((RUN_BLOCK, dim),), (1,), COMPUTE_DTYPE_SIZE)
+def _backward_plan(device_type: str, dim: int, long_runs: bool = False):
+    """(RUN_BLOCK, BLOCK_D) plan of the backward kernel, or of the long-run kernel."""
+    run_block = LONG_RUN_BLOCK if long_runs else CUDA_RUN_BLOCK if device_type == "cuda" else RUN_BLOCK
+    request = TileRequest(BACKWARD_MEMORY_MULTIPLIER, ((run_block, dim),), (1,), COMPUTE_DTYPE_SIZE)
     return plan_launch(device_type, request)
 
 
@@ -199,76 +295,68 @@ def embedding_forward(weight: torch.Tensor, indices: torch.Tensor, padding_idx: 
     n = flat_indices.numel()
     if n == 0:
         return out
-    check_index_range(flat_indices.min(), flat_indices.max(), num_embeddings)  # the one host sync
-    if dim == 0:
-        return out
-    require_launchable(weight.device)
-    plan = _token_plan(weight.device.type, n, dim, FORWARD_MEMORY_MULTIPLIER)
-    block_n, block_d = plan.tiles[0]
-    _embedding_fwd_kernel[(plan.grid(triton.cdiv(n, block_n)),)](
-        weight, flat_indices, out, n, num_embeddings, dim, weight.stride(0), weight.stride(1),
-        BLOCK_N=block_n, BLOCK_D=block_d, **plan.launch_options()
-    )
+    check = IndexCheck(flat_indices).start()  # on CUDA: submitted first, runs alongside the gather
+    if dim:
+        require_launchable(weight.device)
+        plan = _token_plan(weight.device.type, n, dim)
+        block_n, block_d = plan.tiles[0]
+        _embedding_fwd_kernel[(plan.grid(triton.cdiv(n, block_n)),)](
+            weight, flat_indices, out, n, num_embeddings, dim, weight.stride(0), weight.stride(1),
+            BLOCK_N=block_n, BLOCK_D=block_d, **plan.launch_options()
+        )
+    check.finish(num_embeddings)  # after the launch: the host never waits for the gather
     return out
+
+
+def _sort_keys(flat_indices: torch.Tensor, num_embeddings: int) -> torch.Tensor:
+    """int32 sort keys when the vocabulary allows (a radix sort of 32-bit keys takes half the passes): int64
+    indices are clamped to [-1, V] first, so an out-of-range index stays out of range."""
+    if flat_indices.dtype == torch.int32 or num_embeddings >= torch.iinfo(torch.int32).max:
+        return flat_indices
+    return flat_indices.clamp(-1, num_embeddings).to(torch.int32)
 
 
 def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embeddings: int,
                        padding_idx: int = -1) -> torch.Tensor:
-    """grad_weight (num_embeddings, D) in grad_out's dtype; deterministic when torch asks for it."""
+    """grad_weight (num_embeddings, D) in grad_out's dtype, each element written once; deterministic."""
     check_embedding_backward_inputs(grad_out, indices, num_embeddings, padding_idx)
     dim = grad_out.shape[-1]
     device = grad_out.device
     flat_indices = flat(indices)
     n = flat_indices.numel()
-    grad_2d = grad_out.reshape(n, dim)  # a view when possible (even of an expanded gradient): strides go along
-    padding = padding_idx if padding_idx >= 0 else -1
     if n == 0:
         return torch.zeros((num_embeddings, dim), dtype=grad_out.dtype, device=device)
-    if torch.are_deterministic_algorithms_enabled():
-        return _sorted_backward(grad_2d, flat_indices, num_embeddings, padding)
-    return _atomic_backward(grad_2d, flat_indices, num_embeddings, padding)
-
-
-def _sorted_backward(grad_2d: torch.Tensor, flat_indices: torch.Tensor, num_embeddings: int,
-                     padding: int) -> torch.Tensor:
-    n, dim = grad_2d.shape
-    device = grad_2d.device
-    sorted_rows, order = torch.sort(flat_indices, stable=True)  # stable: a fixed summation order per run
-    run_starts = torch.cat((torch.ones(1, dtype=torch.bool, device=device), sorted_rows[1:] != sorted_rows[:-1]))
-    # The one host sync: the index range and the number of runs (distinct rows), which sizes the grid.
-    (n_runs,) = check_index_range(sorted_rows[0], sorted_rows[-1], num_embeddings, run_starts.sum())
-    grad_weight = torch.zeros((num_embeddings, dim), dtype=grad_2d.dtype, device=device)
-    if dim == 0:
-        return grad_weight
-    require_launchable(device)
-    # run_bounds[r] = first sorted position of run r (r = 0..n_runs-1), run_bounds[n_runs] = n: the first
-    # position whose running count of run starts reaches r + 1.
-    run_ids = torch.cumsum(run_starts, 0)
-    run_bounds = torch.searchsorted(run_ids, torch.arange(1, n_runs + 2, device=device))
-    plan = _sorted_plan(device.type, dim)
-    block_k, block_d = plan.tiles[0]
-    n_col_blocks = triton.cdiv(dim, block_d)
-    n_tasks = n_runs * n_col_blocks
-    _embedding_bwd_kernel[(plan.grid(n_tasks),)](
-        grad_2d, sorted_rows, order, run_bounds, grad_weight, n_tasks, n_col_blocks, num_embeddings, dim, padding,
-        grad_2d.stride(0), grad_2d.stride(1), BLOCK_K=block_k, BLOCK_D=block_d, **plan.launch_options()
-    )
-    return grad_weight
-
-
-def _atomic_backward(grad_2d: torch.Tensor, flat_indices: torch.Tensor, num_embeddings: int,
-                     padding: int) -> torch.Tensor:
-    n, dim = grad_2d.shape
-    device = grad_2d.device
-    check_index_range(flat_indices.min(), flat_indices.max(), num_embeddings)  # the one host sync
-    # fp32 weights accumulate straight into the output; half precision through an fp32 buffer, cast once.
-    acc = torch.zeros((num_embeddings, dim), dtype=torch.float32, device=device)
-    if dim:
+    check = IndexCheck(flat_indices)
+    grad_2d = grad_out.reshape(n, dim)  # a view when possible (even of an expanded gradient): strides go along
+    padding = padding_idx if padding_idx >= 0 else -1
+    grad_weight = torch.empty((num_embeddings, dim), dtype=grad_out.dtype, device=device)  # all written below
+    if dim and num_embeddings:
         require_launchable(device)
-        plan = _token_plan(device.type, n, dim, ATOMIC_BACKWARD_MEMORY_MULTIPLIER)
-        block_n, block_d = plan.tiles[0]
-        _embedding_bwd_atomic_kernel[(plan.grid(triton.cdiv(n, block_n)),)](
-            grad_2d, flat_indices, acc, n, num_embeddings, dim, padding, grad_2d.stride(0), grad_2d.stride(1),
-            BLOCK_N=block_n, BLOCK_D=block_d, **plan.launch_options()
+        keys = _sort_keys(flat_indices, num_embeddings)
+        sorted_rows, order = torch.sort(keys, stable=True)  # stable: a fixed summation order per row
+        check.start()  # after the sort is queued (the GPU starts on it sooner), before the big kernels
+        # row_bounds[v] = first sorted position holding a row >= v: row v's run is [row_bounds[v], row_bounds[v+1]).
+        rows = torch.arange(num_embeddings + 1, dtype=sorted_rows.dtype, device=device)
+        row_bounds = torch.searchsorted(sorted_rows, rows)
+        plan = _backward_plan(device.type, dim)
+        block_k, block_d = plan.tiles[0]
+        n_col_blocks = triton.cdiv(dim, block_d)
+        n_tasks = num_embeddings * n_col_blocks
+        _embedding_bwd_kernel[(plan.grid(n_tasks),)](
+            grad_2d, order, row_bounds, grad_weight, n_tasks, n_col_blocks, dim, padding, LONG_RUN,
+            grad_2d.stride(0), grad_2d.stride(1), BLOCK_K=block_k, BLOCK_D=block_d, **plan.launch_options()
         )
-    return acc if grad_2d.dtype == torch.float32 else acc.to(grad_2d.dtype)
+        if n > LONG_RUN:  # else no run can be long
+            plan = _backward_plan(device.type, dim, long_runs=True)
+            block_k, block_d = plan.tiles[0]
+            n_col_blocks = triton.cdiv(dim, block_d)
+            n_tasks = triton.cdiv(n, LONG_RUN + 1) * n_col_blocks
+            _embedding_bwd_long_kernel[(plan.grid(n_tasks),)](
+                grad_2d, sorted_rows, order, row_bounds, grad_weight, n_tasks, n_col_blocks, num_embeddings, dim,
+                padding, LONG_RUN, grad_2d.stride(0), grad_2d.stride(1), BLOCK_K=block_k, BLOCK_D=block_d,
+                **plan.launch_options()
+            )
+    else:
+        check.start()
+    check.finish(num_embeddings)
+    return grad_weight

@@ -1,4 +1,13 @@
-"""npu_liger::tvd and npu_liger::tvd_backward: schema -> fake -> device kernels -> autograd."""
+"""npu_liger::tvd and npu_liger::tvd_backward: schema -> fake -> device kernels -> autograd.
+
+Two autograd paths with bitwise-identical results:
+- the op's registered formula (torch.compile, DTensor, dispatch modes, functorch, and double backward): the
+  backward op recomputes sign(p - q) from the saved p and q;
+- eager training calls of ``tvd`` (inputs needing grad, plain tensors, nothing tracing): ``TvdCodesEager``, whose
+  forward also stores the sign of p - q as 2-bit codes (1/16 of p's bytes in fp32), so the backward reads
+  those instead of p and q: forward + backward moves 4 (BT x V) tensors instead of 6. (The op's schema returns
+  the loss only, so the compiled path cannot carry the codes.)
+"""
 
 from __future__ import annotations
 
@@ -6,8 +15,8 @@ from typing import Optional
 
 import torch
 
-from ..npu_ops.tvd import check_tvd_grad, check_tvd_inputs, tvd_backward, tvd_forward
-from ._op import define_autograd, define_op, forbid_double_backward
+from ..npu_ops.tvd import check_tvd_grad, check_tvd_inputs, tvd_backward, tvd_backward_from_codes, tvd_forward
+from ._op import _dispatch_mode_active, define_autograd, define_op, forbid_double_backward
 
 __all__ = ["tvd"]
 
@@ -54,13 +63,54 @@ _tvd_entry = define_autograd(tvd_op, backward=_backward, setup_context=_setup_co
 forbid_double_backward(tvd_backward_op, "tvd")
 
 
+class TvdCodesEager(torch.autograd.Function):
+    """Eager training path: the forward saves 2-bit sign codes, the backward reads only those."""
+
+    @staticmethod
+    def forward(ctx, p, q, shift_labels, reduction, ignore_index):
+        loss, saved = tvd_forward(p, q, shift_labels, reduction, ignore_index, save_codes=True)
+        # p and q are kept (references, no copy) only for a create_graph backward, which goes through the op.
+        ctx.save_for_backward(p, q, shift_labels, saved.codes)  # the codes go as a saved tensor (freed after use)
+        ctx.saved, ctx.reduction, ctx.ignore_index = saved._replace(codes=None), reduction, ignore_index
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        p, q, shift_labels, codes = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the op, whose own backward forbids double backward
+            grad_p, grad_q = tvd_backward_op(grad_out, p, q, shift_labels, ctx.reduction, ctx.ignore_index)
+        else:
+            check_tvd_grad(grad_out, p, ctx.reduction)
+            saved = ctx.saved._replace(codes=codes)
+            grad_p, grad_q = tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, ctx.reduction)
+        return grad_p, grad_q, None, None, None
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _codes_path(p, q, shift_labels) -> bool:
+    """Whether an eager call may take ``TvdCodesEager``: the conditions of the op's eager bypass (plain
+    tensors, no tracing, no dispatch mode, no functorch transform) plus a gradient to compute."""
+    if type(p) not in _PLAIN or type(q) not in _PLAIN:
+        return False
+    if shift_labels is not None and type(shift_labels) not in _PLAIN:
+        return False
+    if not ((p.requires_grad or q.requires_grad) and torch.is_grad_enabled()):
+        return False
+    return not (torch.compiler.is_compiling() or _dispatch_mode_active()
+                or torch._C._are_functorch_transforms_active())
+
+
 def tvd(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.Tensor] = None, reduction: str = "batchmean",
         ignore_index: int = -100) -> torch.Tensor:
     """Total variation distance ``0.5 * |p - q|`` over (BT, V) rows: ``torch.ops.npu_liger.tvd`` (eager calls skip
-    the dispatcher).
+    the dispatcher; eager training calls save 2-bit sign codes for the backward instead of recomputing).
 
     Rows whose ``shift_labels`` entry equals ``ignore_index`` count for nothing. ``reduction``: ``"none"`` (BT, V),
     ``"sum"``, ``"mean"`` (over valid elements) or ``"batchmean"`` (over valid rows); scalar results are
     accumulated in fp32 and returned in p's dtype; no valid row gives 0.
     """
+    if _codes_path(p, q, shift_labels):
+        return TvdCodesEager.apply(p, q, shift_labels, reduction, ignore_index)
     return _tvd_entry(p, q, shift_labels, reduction, ignore_index)
