@@ -127,10 +127,17 @@ def test_noncontiguous_freqs_cis():
 
 def test_head_tiling_loop_iterates(small_ub):
     small_ub(4096)
-    assert rotary_kernels.head_tiles("cpu", 32, 8, 64) == (2, 2)
+    assert rotary_kernels.head_tiles("cpu", 32, 8, 64, interleaved=True) == (2, 2)
     for dtype in (torch.float32, torch.bfloat16):
         q, k = make_qk(2, 3, 32, 8, 64, dtype)
         check_forward_backward(q, k, make_freqs(2, 3, 64, "batch"))
+
+
+def test_default_ub_tile_of_the_interleaved_layout():
+    """The interleaved layout's multiplier (the Ascend check's headroom probe): 32 heads of 128 per tile on the
+    default emulated chip (64 overflow the UB), against 64 for the half-split layout."""
+    assert rotary_kernels.head_tiles("cpu", 64, 8, 128, interleaved=True) == (32, 8)
+    assert rotary_kernels.head_tiles("cpu", 64, 8, 128) == (64, 8)
 
 
 @pytest.mark.parametrize("bsz, seq, n_q_heads", [(0, 3, 2), (2, 0, 2), (2, 3, 0)])

@@ -136,6 +136,18 @@ def test_section_lists_of_any_length(mrope_section):
     check_forward_backward(q, k, cos, sin, mrope_section)
 
 
+@pytest.mark.parametrize("mrope_section", [[8, 12, 12], [0, 32, 0], [5, 11, 16]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_plane_reads(monkeypatch, mrope_section, dtype):
+    """The kernel reads the planes either with three masked loads per vector (CUDA) or with a per-column gather
+    (NPU, CPU): both give the merged table's result, here both in the interpreter (or both on the GPU)."""
+    q, k = make_qk(2, 3, 4, 2, 64, dtype)
+    cos, sin = mrope_planes(2, 3, 64, torch.float32, "random")
+    for backends in (("cuda", "cpu"), ()):
+        monkeypatch.setattr(rotary_kernels, "PLANE_MASK_BACKENDS", backends)
+        check_forward_backward(q, k, cos, sin, mrope_section)
+
+
 def test_head_tiling_loop_iterates(small_ub):
     small_ub(4096)
     assert rotary_kernels.head_tiles("cpu", 32, 8, 64) == (2, 2)

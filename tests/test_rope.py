@@ -255,7 +255,7 @@ def test_shape_arguments_are_never_specialised():
         assert set(rotary_kernels.SHAPE_DEPENDENT_ARGS) <= unspecialised <= set(names)
         constexprs = {name for name, p in parameters.items() if "constexpr" in str(p.annotation)}
         assert constexprs == {"BLOCK_QH", "BLOCK_KH", "BLOCK_HALF", "VEC", "TVEC", "INTERLEAVED",
-                              "MROPE"}
+                              "MROPE", "PLANE_MASKS"}
 
 
 def compiled_variants(kernel) -> int:

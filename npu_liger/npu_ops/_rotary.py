@@ -19,8 +19,9 @@ Two layouts of the pairs (``INTERLEAVED`` switch):
 Tables (``MROPE`` switch, half-split only): cos/sin rows are read at ``b * t_sb + s * t_ss`` (t_sb = 0 when the
 table is broadcast over the batch). With ``MROPE`` the table has three planes (temporal, height, width) ``t_sp``
 apart and column j (and half + j) is read from plane 0, 1 or 2 by the section boundaries ``sec1 <= sec2``:
-Qwen2-VL's ``mrope_section * 2`` merge done in the kernel (no merged table is ever written), as three masked
-vector loads per table vector (a masked-off lane reads nothing, so each column is read once, from its plane).
+Qwen2-VL's ``mrope_section * 2`` merge done in the kernel (no merged table is ever written): on CUDA as three
+masked vector loads per table vector (a masked-off lane reads nothing, so each column is read once, from its
+plane), elsewhere as a gather (``PLANE_MASKS`` switch, see PLANE_MASK_BACKENDS).
 Interleaved: the table is the float32 (re, im) view of the complex frequencies; ``sin_ptr`` is unused.
 
 Inputs come in logical (bsz, seq, heads, head_dim) order with unit stride along head_dim and any other strides
@@ -57,8 +58,11 @@ from ._triton import grid_stride, program_start, require_launchable
 #   x1/x2 upcast to fp32 (1), the raw loads before the upcast (<= 1), the two products of each output before
 #   they are combined (1), y1/y2 before the cast (1) -> ~4 fp32 values -> memory_multiplier 4.0 (the seed's
 #   analysis counts 3.0 for a kernel without the raw-load and product temporaries; 4.0 is the conservative
-#   estimate, not a measurement). The interleaved layout holds the same values (its reshape/split/join are
-#   register views of the loaded row). The pass-through copy of partial rotary moves half-width chunks.
+#   estimate, not a measurement). The pass-through copy of partial rotary moves half-width chunks.
+# The interleaved layout also holds the whole loaded row, its (BLOCK_H, BLOCK_HALF, 2) view, the split x1/x2, the
+#   joined y and its cast: on the NPU these are buffers, not register views. The Ascend check's headroom probe
+#   (scripts/ascend_check.py) puts the largest fitting tile at multipliers in (4.8, 9.6] on Ascend910B3 (64 heads
+#   of 128 overflow the UB 2x); 6.0 sits inside that range -> INTERLEAVED_MEMORY_MULTIPLIER (forward and backward).
 # cos/sin of the row (4 vectors of PAD_HD // 2) are shared by all heads: a fixed PAD_HD * 2 elements, inside
 #   the 20% safety margin. q tiles and k tiles are processed one after the other, never live together, so each
 #   shape may use the whole budget.
@@ -66,6 +70,7 @@ from ._triton import grid_stride, program_start, require_launchable
 #   (unit_param = pad_hd). Ascend910B3, head_dim 128: 196608 * 0.8 / (4.0 * 128 * 4 B) = 76 -> 64 heads per tile.
 FORWARD_MEMORY_MULTIPLIER = 4.0
 BACKWARD_MEMORY_MULTIPLIER = 4.0  # the same loop with the signs of the sin terms moved: same live values
+INTERLEAVED_MEMORY_MULTIPLIER = 6.0
 COMPUTE_DTYPE_SIZE = 4
 VECTOR_BYTES = 16  # widest global access of one thread on CUDA (ld.global.v4.b32)
 # CUDA: warps per program (the tile budget gives (16, 128)-element q tiles at head_dim 128). Measured on an H200
@@ -75,6 +80,12 @@ VECTOR_BYTES = 16  # widest global access of one thread on CUDA (ld.global.v4.b3
 # - interleaved (llama4): 4 warps, 0.087 ms forward and backward (0.91 of copy bandwidth, profiler kernel time);
 #   with 2 warps the pair split/join goes through shared memory.
 CUDA_NUM_WARPS = {False: 2, True: 4}  # by INTERLEAVED
+
+# mrope table reads (``PLANE_MASKS`` switch). CUDA: three masked vector loads per table vector, one per plane (a
+# masked-off lane reads nothing), 0.0905 ms forward on the H200 shape above vs 0.124 for the per-column gather
+# (scalar loads). triton-ascend 3.2 crashes intermittently (ConvertTritonIRToLinalgIR) on the masked form, so the
+# NPU and the CPU interpreter (which emulates the NPU) use the gather: each column's offset picks its plane.
+PLANE_MASK_BACKENDS = ("cuda",)  # tests add "cpu" to run the masked form in the interpreter
 
 # Integer arguments that change with batch size or sequence length: never specialised (see module docstring).
 SHAPE_DEPENDENT_ARGS = (
@@ -137,16 +148,20 @@ def _rotary_rows(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                  n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
                  q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
                  BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, VEC: tl.constexpr,
-                 TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr, BACKWARD: tl.constexpr):
+                 TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr, PLANE_MASKS: tl.constexpr,
+                 BACKWARD: tl.constexpr):
     pairs = tl.arange(0, BLOCK_HALF)[None, :]
     pair_mask = pairs < half
     if MROPE:  # columns [0, sec1) from plane 0, [sec1, sec2) from plane 1, [sec2, half) from plane 2 (both halves)
         bound1 = sec1 * TVEC
         bound2 = sec2 * TVEC
-        in0 = pair_mask & (pairs < bound1)
-        in1 = pair_mask & (pairs >= bound1) & (pairs < bound2)
-        in2 = pair_mask & (pairs >= bound2)
         plane = t_sp * TVEC
+        if PLANE_MASKS:
+            in0 = pair_mask & (pairs < bound1)
+            in1 = pair_mask & (pairs >= bound1) & (pairs < bound2)
+            in2 = pair_mask & (pairs >= bound2)
+        else:
+            t_cols = pairs + ((pairs >= bound1).to(tl.int64) + (pairs >= bound2).to(tl.int64)) * plane
     for row in tl.range(program_start(1), n_rows, grid_stride(1)):  # int64 row index
         b = row // seq_len
         s = row - b * seq_len
@@ -156,11 +171,16 @@ def _rotary_rows(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
             s1 = tl.load(cos_ptr + t_row + pairs * 2 + 1, mask=pair_mask, other=0.0).to(tl.float32)
             c2 = c1
             s2 = s1
-        elif MROPE:  # three masked loads per vector: each column is read from its own plane only
+        elif MROPE and PLANE_MASKS:  # three masked vector loads: each column is read from its own plane only
             c1 = _plane_merge(cos_ptr + t_row + pairs, plane, in0, in1, in2)
             s1 = _plane_merge(sin_ptr + t_row + pairs, plane, in0, in1, in2)
             c2 = _plane_merge(cos_ptr + t_row + half + pairs, plane, in0, in1, in2)
             s2 = _plane_merge(sin_ptr + t_row + half + pairs, plane, in0, in1, in2)
+        elif MROPE:  # a gather: each column's offset picks its plane
+            c1 = tl.load(cos_ptr + t_row + t_cols, mask=pair_mask, other=0.0).to(tl.float32)
+            s1 = tl.load(sin_ptr + t_row + t_cols, mask=pair_mask, other=0.0).to(tl.float32)
+            c2 = tl.load(cos_ptr + t_row + half + t_cols, mask=pair_mask, other=0.0).to(tl.float32)
+            s2 = tl.load(sin_ptr + t_row + half + t_cols, mask=pair_mask, other=0.0).to(tl.float32)
         else:
             c1 = tl.load(cos_ptr + t_row + pairs, mask=pair_mask, other=0.0).to(tl.float32)
             s1 = tl.load(sin_ptr + t_row + pairs, mask=pair_mask, other=0.0).to(tl.float32)
@@ -177,11 +197,12 @@ def _rotary_fwd_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                        n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
                        q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
                        BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       VEC: tl.constexpr, TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr):
+                       VEC: tl.constexpr, TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr,
+                       PLANE_MASKS: tl.constexpr):
     _rotary_rows(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                  n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
                  q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
-                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, VEC, TVEC, INTERLEAVED, MROPE, False)
+                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, VEC, TVEC, INTERLEAVED, MROPE, PLANE_MASKS, False)
 
 
 @triton.jit(do_not_specialize=SHAPE_DEPENDENT_ARGS)
@@ -189,12 +210,13 @@ def _rotary_bwd_kernel(grad_q_ptr, grad_k_ptr, cos_ptr, sin_ptr, grad_q_in_ptr, 
                        n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
                        q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
                        BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       VEC: tl.constexpr, TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr):
+                       VEC: tl.constexpr, TVEC: tl.constexpr, INTERLEAVED: tl.constexpr, MROPE: tl.constexpr,
+                       PLANE_MASKS: tl.constexpr):
     """grad_q/grad_k: gradients of the outputs (strides q_*/k_*); grad_q_in/grad_k_in: gradients of q and k."""
     _rotary_rows(grad_q_ptr, grad_k_ptr, cos_ptr, sin_ptr, grad_q_in_ptr, grad_k_in_ptr,
                  n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
                  q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
-                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, VEC, TVEC, INTERLEAVED, MROPE, True)
+                 BLOCK_QH, BLOCK_KH, BLOCK_HALF, VEC, TVEC, INTERLEAVED, MROPE, PLANE_MASKS, True)
 
 
 def next_power_of_2(n: int) -> int:
@@ -211,7 +233,10 @@ def _request(n_q_heads: int, n_kv_heads: int, head_dim: int, memory_multiplier: 
 def _launch_config(device_type: str, n_q_heads: int, n_kv_heads: int, head_dim: int, backward: bool,
                    interleaved: bool = False):
     """(BLOCK_QH, BLOCK_KH, BLOCK_HALF, plan) of the backend's launch policy."""
-    multiplier = BACKWARD_MEMORY_MULTIPLIER if backward else FORWARD_MEMORY_MULTIPLIER
+    if interleaved:
+        multiplier = INTERLEAVED_MEMORY_MULTIPLIER
+    else:
+        multiplier = BACKWARD_MEMORY_MULTIPLIER if backward else FORWARD_MEMORY_MULTIPLIER
     plan = plan_launch(device_type, _request(n_q_heads, n_kv_heads, head_dim, multiplier, interleaved))
     (block_qh, pad_hd), (block_kh, _) = plan.tiles
     return block_qh, block_kh, max(1, pad_hd // 2), plan
@@ -251,11 +276,13 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torc
     if q.is_cuda:
         block_qh, block_kh, block_half, plan, options = _cuda_launch_config(n_q_heads, n_kv_heads, head_dim, backward,
                                                                             interleaved)
+        plane_masks = "cuda" in PLANE_MASK_BACKENDS
     else:
         require_launchable(q.device)
         block_qh, block_kh, block_half, plan = _launch_config(q.device.type, n_q_heads, n_kv_heads, head_dim,
                                                               backward, interleaved)
         options = plan.launch_options()
+        plane_masks = q.device.type in PLANE_MASK_BACKENDS
     q_sb, q_ss, q_sh = q_strides
     k_sb, k_ss, k_sh = k_strides
     t_sp, t_sb, t_ss = table_strides
@@ -273,12 +300,12 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torc
         q_sb // vec, q_ss // vec, q_sh // vec, k_sb // vec, k_ss // vec, k_sh // vec,
         t_sp // tvec, t_sb // tvec, t_ss // tvec, sec1 // tvec, sec2 // tvec,
         BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, VEC=vec, TVEC=tvec, INTERLEAVED=interleaved,
-        MROPE=mrope, **options,
+        MROPE=mrope, PLANE_MASKS=mrope and plane_masks, **options,
     )
 
 
 def head_tiles(device_type: str, n_q_heads: int, n_kv_heads: int, head_dim: int,
-               backward: bool = False) -> Tuple[int, int]:
+               backward: bool = False, interleaved: bool = False) -> Tuple[int, int]:
     """(BLOCK_QH, BLOCK_KH) the launcher would use (tests and benchmarks read it)."""
-    block_qh, block_kh, _, _ = _launch_config(device_type, n_q_heads, n_kv_heads, head_dim, backward)
+    block_qh, block_kh, _, _ = _launch_config(device_type, n_q_heads, n_kv_heads, head_dim, backward, interleaved)
     return block_qh, block_kh
