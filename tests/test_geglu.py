@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npu_liger
+from npu_liger.npu_ops._gated import elementwise_request
 import npu_liger.npu_ops.geglu as geglu_kernels
 from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
                        assert_unchanged, randn, run_opcheck, snapshot)
@@ -72,9 +73,9 @@ def test_persistent_grid_strides_over_many_blocks(small_ub):
     """A 4 KiB UB gives 128-element forward / 64-element backward blocks, so with 40 programs each program
     loops over several blocks."""
     small_ub(4096)
-    plan = npu_liger.tiling.plan_launch("cpu", geglu_kernels._request(100_000, geglu_kernels.FORWARD_MEMORY_MULTIPLIER))
+    plan = npu_liger.tiling.plan_launch("cpu", elementwise_request(100_000, geglu_kernels.FORWARD_MEMORY_MULTIPLIER))
     assert plan.block == 128 and plan.max_programs == 40
-    plan = npu_liger.tiling.plan_launch("cpu", geglu_kernels._request(100_000, geglu_kernels.BACKWARD_MEMORY_MULTIPLIER))
+    plan = npu_liger.tiling.plan_launch("cpu", elementwise_request(100_000, geglu_kernels.BACKWARD_MEMORY_MULTIPLIER))
     assert plan.block == 64
     check_forward_backward(randn((3, 33_333), torch.float32, scale=2.0), randn((3, 33_333), torch.float32))
     check_forward_backward(randn((5, 2049), torch.bfloat16, scale=2.0), randn((5, 2049), torch.bfloat16))

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npu_liger
+from npu_liger.npu_ops._gated import elementwise_request
 import npu_liger.npu_ops.swiglu as swiglu_kernels
 from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
                        assert_unchanged, randn, run_opcheck, snapshot)
@@ -76,7 +77,7 @@ def test_persistent_grid_strides_over_many_blocks(small_ub):
     """A 4 KiB UB gives 128-element forward / 64-element backward blocks, so with 40 programs each program
     loops over several blocks."""
     small_ub(4096)
-    request = swiglu_kernels._request
+    request = elementwise_request
     plan = npu_liger.tiling.plan_launch("cpu", request(100_000, swiglu_kernels.FORWARD_MEMORY_MULTIPLIER))
     assert plan.block == 128 and plan.max_programs == 40
     plan = npu_liger.tiling.plan_launch("cpu", request(100_000, swiglu_kernels.BACKWARD_MEMORY_MULTIPLIER))

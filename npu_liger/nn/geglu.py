@@ -1,25 +1,13 @@
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from ..registrations.geglu import geglu
+from ._gated_mlp import GatedMLP
 
 __all__ = ["GEGLUMLP"]
 
 
-class GEGLUMLP(nn.Module):
+class GEGLUMLP(GatedMLP):
     """The gated MLP of Gemma-style models (HF ``GemmaMLP`` with ``hidden_act="gelu_pytorch_tanh"``):
-    ``down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))``, the gate product fused into one kernel."""
+    ``down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))``."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None):
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, **factory)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(geglu(self.gate_proj(x), self.up_proj(x)))
+    gate = staticmethod(geglu)

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tiling import TileRequest, plan_launch
-from ._triton import check_float_tensor, check_same_layout, flat, grid_stride, program_start, require_launchable
+from ._gated import gated_backward, gated_forward
+from ._triton import grid_stride, program_start
 
 # Memory analysis (all arithmetic in fp32, so tiles are sized in fp32 elements: dtype_size = 4).
 # Forward, per element of the block: a, b (upcast), the sigmoid, and c before the cast:
@@ -28,7 +28,6 @@ from ._triton import check_float_tensor, check_same_layout, flat, grid_stride, p
 # shapes: ((n_elements,),), tiling_dims: (0,) -> no fixed dims, unit_param = 1.
 FORWARD_MEMORY_MULTIPLIER = 4.0
 BACKWARD_MEMORY_MULTIPLIER = 7.0
-COMPUTE_DTYPE_SIZE = 4
 
 
 @triton.jit
@@ -56,43 +55,11 @@ def _swiglu_bwd_kernel(grad_c_ptr, a_ptr, b_ptr, grad_a_ptr, grad_b_ptr, n_eleme
         tl.store(grad_b_ptr + offsets, (grad_c * silu).to(grad_b_ptr.dtype.element_ty), mask=mask)
 
 
-def check_swiglu_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
-    check_float_tensor("a", a)
-    check_float_tensor("b", b)
-    check_same_layout("b", b, "a", a)
-
-
-def _request(n_elements: int, memory_multiplier: float) -> TileRequest:
-    return TileRequest(memory_multiplier, ((n_elements,),), (0,), COMPUTE_DTYPE_SIZE)
-
-
 def swiglu_forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    check_swiglu_inputs(a, b)
-    c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    n = a.numel()
-    if n == 0:
-        return c
-    require_launchable(a.device)
-    plan = plan_launch(a.device.type, _request(n, FORWARD_MEMORY_MULTIPLIER))
-    _swiglu_fwd_kernel[(plan.grid(triton.cdiv(n, plan.block)),)](
-        flat(a), flat(b), c.view(-1), n, BLOCK=plan.block, **plan.launch_options()
-    )
-    return c
+    return gated_forward(_swiglu_fwd_kernel, a, b, FORWARD_MEMORY_MULTIPLIER)
 
 
 def swiglu_backward(grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    check_swiglu_inputs(a, b)
-    check_float_tensor("grad_c", grad_c)
-    check_same_layout("grad_c", grad_c, "a", a)
-    grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    grad_b = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    n = a.numel()
-    if n == 0:
-        return grad_a, grad_b
-    require_launchable(a.device)
-    plan = plan_launch(a.device.type, _request(n, BACKWARD_MEMORY_MULTIPLIER))
-    _swiglu_bwd_kernel[(plan.grid(triton.cdiv(n, plan.block)),)](
-        flat(grad_c), flat(a), flat(b), grad_a.view(-1), grad_b.view(-1), n, BLOCK=plan.block,
-        **plan.launch_options()
-    )
-    return grad_a, grad_b
+    return gated_backward(_swiglu_bwd_kernel, grad_c, a, b, BACKWARD_MEMORY_MULTIPLIER)
+
+

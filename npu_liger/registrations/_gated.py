@@ -1,0 +1,42 @@
+"""Registration shared by the gated elementwise ops (GEGLU, SwiGLU): ``<op>(Tensor a, Tensor b) -> Tensor``
+and the functional ``<op>_backward(Tensor grad_c, Tensor a, Tensor b) -> (Tensor, Tensor)``."""
+
+from __future__ import annotations
+
+from typing import Callable, Tuple
+
+import torch
+
+from ..npu_ops._gated import check_gated_inputs
+from ._op import define_autograd, define_op, forbid_double_backward
+
+
+def _forward_fake(a, b):
+    check_gated_inputs(a, b)
+    return torch.empty(a.shape, dtype=a.dtype, device=a.device)
+
+
+def _backward_fake(grad_c, a, b):
+    check_gated_inputs(a, b)
+    return torch.empty(a.shape, dtype=a.dtype, device=a.device), torch.empty(a.shape, dtype=a.dtype, device=a.device)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def define_gated_op(name: str, forward: Callable, backward: Callable) -> Tuple[object, object, Callable]:
+    """Define ``npu_liger::<name>`` and ``npu_liger::<name>_backward`` with their fakes and autograd formula.
+
+    Returns (op, backward op, eager entry point); the public function calls the entry point."""
+    op = define_op(f"{name}(Tensor a, Tensor b) -> Tensor", kernel=forward, fake=_forward_fake)
+    backward_op = define_op(f"{name}_backward(Tensor grad_c, Tensor a, Tensor b) -> (Tensor, Tensor)",
+                            kernel=backward, fake=_backward_fake)
+
+    def _backward(ctx, grad_c):
+        a, b = ctx.saved_tensors
+        return backward_op(grad_c, a, b)
+
+    entry = define_autograd(op, backward=_backward, setup_context=_setup_context, kernel=forward)
+    forbid_double_backward(backward_op, name)
+    return op, backward_op, entry
