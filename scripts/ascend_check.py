@@ -277,7 +277,7 @@ def main(argv=None):
                         label = f"{op.name}.{call.label}"
                         try:
                             t0 = time.time()
-                            launches, host_error = record(chip_name, getattr(module, call.launcher), values, call)
+                            launches, host_error = record(chip_name, call.resolve(module), values, call)
                             timing["host launchers"] += time.time() - t0
                         except MissingInput as exc:
                             failures.append(f"{label}: {exc}")

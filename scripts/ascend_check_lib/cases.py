@@ -30,6 +30,12 @@ class Call:
     label: str  # "fwd", "bwd", "bwd-det"
     launcher: str  # attribute of npu_liger.npu_ops.<op>
     deterministic: bool = False  # run under torch.use_deterministic_algorithms(True)
+    # For a path that needs more than one launcher call: builds the callable from the op's module.
+    adapter: Optional[Callable[[Any], Callable]] = None
+
+    def resolve(self, module) -> Callable:
+        launcher = getattr(module, self.launcher)
+        return self.adapter(module) if self.adapter is not None else launcher
 
 
 @dataclass
@@ -75,6 +81,14 @@ def _tvd(rows, cols, reduction, label_dtype):
     return build
 
 
+def _tvd_codes_round_trip(tvd):
+    """The eager training path: forward storing sign codes, then the backward from those codes."""
+    def tvd_codes_round_trip(p, q, shift_labels, reduction, ignore_index, grad_out):
+        _, saved = tvd.tvd_forward(p, q, shift_labels, reduction, ignore_index, save_codes=True)
+        tvd.tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, reduction)
+    return tvd_codes_round_trip
+
+
 def _rope(bsz, seq, q_heads, kv_heads, hd, cos_shape):
     def build(dtype):
         return {"q": _bshd(bsz, seq, q_heads, hd, dtype), "k": _bshd(bsz, seq, kv_heads, hd, dtype),
@@ -112,7 +126,9 @@ OPS: List[Op] = [
         Call("bwd-det", "embedding_backward", deterministic=True)]),
     Op("tvd", [Problem("8192x32000 batchmean labels", _tvd(8192, 32000, "batchmean", torch.int64), bench=True),
                Problem("3x1001 none", _tvd(3, 1001, "none", None)),
-               Problem("5x77 sum i32-labels", _tvd(5, 77, "sum", torch.int32))]),
+               Problem("5x77 sum i32-labels", _tvd(5, 77, "sum", torch.int32))],
+       [Call("fwd", "tvd_forward"), Call("bwd", "tvd_backward"),
+        Call("codes", "tvd_backward_from_codes", adapter=_tvd_codes_round_trip)]),
     Op("rope", [Problem("b4 s4096 h32/8 d128", _rope(4, 4096, 32, 8, 128, (1, 4096, 128)), bench=True),
                 Problem("b2 s7 h3/1 d72 per-batch cos", _rope(2, 7, 3, 1, 72, (2, 7, 72))),
                 Problem("b1 s5 h4/2 d80 rot32", _rope(1, 5, 4, 2, 80, (5, 32)))]),
