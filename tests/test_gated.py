@@ -1,6 +1,9 @@
-"""SwiGLU: numerics against float64, gradients, opcheck, compile, tiling loops, no mutation, bad input."""
+"""GEGLU and SwiGLU (the gated elementwise ops): numerics against float64, gradients, opcheck, compile, tiling
+loops, no mutation, bad input, and their nn.Modules against Hugging Face's MLPs. Every test runs for both ops."""
 
 import copy
+from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 import torch
@@ -9,28 +12,63 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npu_liger
-from npu_liger.npu_ops._gated import elementwise_request
+import npu_liger.npu_ops.geglu as geglu_kernels
 import npu_liger.npu_ops.swiglu as swiglu_kernels
 from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
                        assert_unchanged, randn, run_opcheck, snapshot)
+from npu_liger.npu_ops._gated import elementwise_request
 
-swiglu_op = torch.ops.npu_liger.swiglu.default
-swiglu_backward_op = torch.ops.npu_liger.swiglu_backward.default
+
+@dataclass(frozen=True)
+class GatedOp:
+    name: str
+    reference: Callable  # the eager formula, any dtype
+    kernels: object  # the npu_ops module (memory multipliers)
+    module: type  # npu_liger.nn class
+    hidden_act: str  # the HF config activation whose gated MLP the module reproduces
+
+    @property
+    def functional(self):
+        return getattr(npu_liger, self.name)
+
+    @property
+    def op(self):
+        return getattr(torch.ops.npu_liger, self.name).default
+
+    @property
+    def backward_op(self):
+        return getattr(torch.ops.npu_liger, f"{self.name}_backward").default
+
+    def __str__(self):
+        return self.name
+
+
+def _hf_mlp(hidden_act, bias):
+    """HF's LlamaMLP with the op's activation: with "gelu_pytorch_tanh" it computes exactly Gemma's MLP."""
+    import transformers
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=88, hidden_act=hidden_act, mlp_bias=bias)
+    return LlamaMLP(config)
+
+
+GATED_OPS = [
+    GatedOp("geglu", lambda a, b: F.gelu(a, approximate="tanh") * b, geglu_kernels, npu_liger.nn.GEGLUMLP,
+            "gelu_pytorch_tanh"),
+    GatedOp("swiglu", lambda a, b: F.silu(a) * b, swiglu_kernels, npu_liger.nn.SwiGLUMLP, "silu"),
+]
+gated = pytest.mark.parametrize("gop", GATED_OPS, ids=str)
 
 # 1, primes, and sizes around the emulated NPU blocks (8192 forward / 4096 backward).
 DIM_SIZES = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 127, 257, 1000, 4095, 4097, 8191, 8193])
 
 
-def reference(a, b):
-    return F.silu(a) * b
-
-
-def check_forward_backward(a, b):
+def check_forward_backward(gop, a, b):
     """Forward and both gradients of the op against float64 autograd, half precision against eager."""
     a = a.detach().requires_grad_(True)
     b = b.detach().requires_grad_(True)
     before = snapshot((a, b))
-    c = npu_liger.swiglu(a, b)
+    c = gop.functional(a, b)
     grad_c = randn(c.shape, c.dtype)
     c.backward(grad_c)
     assert_unchanged(before, (a, b), ("a", "b"))
@@ -38,12 +76,12 @@ def check_forward_backward(a, b):
 
     a64 = a.detach().double().requires_grad_(True)
     b64 = b.detach().double().requires_grad_(True)
-    c64 = reference(a64, b64)
+    c64 = gop.reference(a64, b64)
     c64.backward(grad_c.double())
 
     a_lp = a.detach().clone().requires_grad_(True)
     b_lp = b.detach().clone().requires_grad_(True)
-    c_lp = reference(a_lp, b_lp)
+    c_lp = gop.reference(a_lp, b_lp)
     c_lp.backward(grad_c)
 
     assert c.dtype == a.dtype and c.shape == a.shape and c.is_contiguous()
@@ -52,63 +90,67 @@ def check_forward_backward(a, b):
     assert_close(b.grad, b64.grad, b_lp.grad, what="grad_b")
 
 
+@gated
 @given(shape=st.lists(DIM_SIZES, min_size=1, max_size=3).filter(lambda s: torch.Size(s).numel() <= 300_000),
        dtype=st.sampled_from(FLOAT_DTYPES), noncontiguous=st.booleans())
-def test_matches_float64_reference(shape, dtype, noncontiguous):
+def test_matches_float64_reference(gop, shape, dtype, noncontiguous):
     a = randn(shape, dtype, noncontiguous=noncontiguous, scale=2.0)
     b = randn(shape, dtype, noncontiguous=noncontiguous)
-    check_forward_backward(a, b)
+    check_forward_backward(gop, a, b)
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # the interpreter's sigmoid
+@gated
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_large_values_saturate_without_nan(dtype):
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # the interpreter's sigmoid
+def test_large_values_saturate_without_nan(gop, dtype):
     a = torch.tensor([-1e4, -100.0, -30.0, -5.0, 0.0, 5.0, 30.0, 100.0, 1e4], device=DEVICE).to(dtype)
     b = torch.ones_like(a)
     a.requires_grad_(True)
-    c = npu_liger.swiglu(a, b)
+    c = gop.functional(a, b)
     assert torch.isfinite(c).all()
-    assert_close(c, reference(a.detach().double(), b.double()), reference(a.detach(), b))
+    assert_close(c, gop.reference(a.detach().double(), b.double()), gop.reference(a.detach(), b))
     c.backward(torch.ones_like(c))
     assert torch.isfinite(a.grad).all()
 
 
-def test_persistent_grid_strides_over_many_blocks(small_ub):
+@gated
+def test_persistent_grid_strides_over_many_blocks(gop, small_ub):
     """A 4 KiB UB gives 128-element forward / 64-element backward blocks, so with 40 programs each program
     loops over several blocks."""
     small_ub(4096)
-    request = elementwise_request
-    plan = npu_liger.tiling.plan_launch("cpu", request(100_000, swiglu_kernels.FORWARD_MEMORY_MULTIPLIER))
+    plan = npu_liger.tiling.plan_launch("cpu", elementwise_request(100_000, gop.kernels.FORWARD_MEMORY_MULTIPLIER))
     assert plan.block == 128 and plan.max_programs == 40
-    plan = npu_liger.tiling.plan_launch("cpu", request(100_000, swiglu_kernels.BACKWARD_MEMORY_MULTIPLIER))
+    plan = npu_liger.tiling.plan_launch("cpu", elementwise_request(100_000, gop.kernels.BACKWARD_MEMORY_MULTIPLIER))
     assert plan.block == 64
-    assert plan.block < 33_333
-    check_forward_backward(randn((3, 33_333), torch.float32, scale=2.0), randn((3, 33_333), torch.float32))
-    check_forward_backward(randn((5, 2049), torch.bfloat16, scale=2.0), randn((5, 2049), torch.bfloat16))
+    check_forward_backward(gop, randn((3, 33_333), torch.float32, scale=2.0), randn((3, 33_333), torch.float32))
+    check_forward_backward(gop, randn((5, 2049), torch.bfloat16, scale=2.0), randn((5, 2049), torch.bfloat16))
 
 
+@gated
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5, 7)])
-def test_empty_inputs_give_empty_outputs(shape):
+def test_empty_inputs_give_empty_outputs(gop, shape):
     a = randn(shape, requires_grad=True)
     b = randn(shape, requires_grad=True)
-    c = npu_liger.swiglu(a, b)
+    c = gop.functional(a, b)
     assert c.shape == a.shape
     c.sum().backward()
     assert a.grad.shape == a.shape and b.grad.shape == b.shape
 
 
+@gated
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_opcheck(dtype):
+def test_opcheck(gop, dtype):
     a = randn((4, 37), dtype, requires_grad=True)
     b = randn((4, 37), dtype, requires_grad=True)
-    run_opcheck(swiglu_op, (a, b))
-    run_opcheck(swiglu_backward_op, (randn((4, 37), dtype), a.detach(), b.detach()))
-    run_opcheck(swiglu_op, (randn((2, 6), dtype, noncontiguous=True), randn((2, 6), dtype, noncontiguous=True)))
+    run_opcheck(gop.op, (a, b))
+    run_opcheck(gop.backward_op, (randn((4, 37), dtype), a.detach(), b.detach()))
+    run_opcheck(gop.op, (randn((2, 6), dtype, noncontiguous=True), randn((2, 6), dtype, noncontiguous=True)))
 
 
-def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
+@gated
+def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles(gop):
     torch._dynamo.reset()
-    compiled = torch.compile(lambda a, b: npu_liger.swiglu(a * 2.0, b), fullgraph=True, dynamic=True)
+    compiled = torch.compile(lambda a, b: gop.functional(a * 2.0, b), fullgraph=True, dynamic=True)
     for i, n in enumerate([5, 8, 33, 130]):
         a, b = randn((n, 19), requires_grad=True), randn((n, 19), requires_grad=True)
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
@@ -116,63 +158,65 @@ def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
             c.sum().backward()
         a64 = a.detach().double().requires_grad_(True)
         b64 = b.detach().double().requires_grad_(True)
-        c64 = reference(a64 * 2.0, b64)
+        c64 = gop.reference(a64 * 2.0, b64)
         c64.sum().backward()
         assert_close(c, c64)
         assert_close(a.grad, a64.grad)
         assert_close(b.grad, b64.grad)
 
 
-def test_compile_helper_forward_only():
+@gated
+def test_compile_helper_forward_only(gop):
     assert_compiles_without_recompiles(
-        lambda a, b: npu_liger.swiglu(a, b) + 1.0,
+        lambda a, b: gop.functional(a, b) + 1.0,
         lambda n: (randn((n, 3, 7)), randn((n, 3, 7))),
         [4, 9, 17],
-        lambda inputs, got, eager: assert_close(got, reference(inputs[0].double(), inputs[1].double()) + 1.0),
+        lambda inputs, got, eager: assert_close(got, gop.reference(inputs[0].double(), inputs[1].double()) + 1.0),
     )
 
 
-def test_eager_entry_matches_the_dispatched_op():
+@gated
+def test_eager_entry_matches_the_dispatched_op(gop):
     a, b = randn((6, 41), requires_grad=True), randn((6, 41), requires_grad=True)
-    fast = npu_liger.swiglu(a, b)
+    fast = gop.functional(a, b)
     fast.sum().backward()
     fast_grads = (a.grad.clone(), b.grad.clone())
     a.grad = b.grad = None
-    slow = swiglu_op(a, b)
+    slow = gop.op(a, b)
     slow.sum().backward()
     assert torch.equal(fast, slow) and torch.equal(fast_grads[0], a.grad) and torch.equal(fast_grads[1], b.grad)
 
 
-def test_double_backward_raises_clear_error():
+@gated
+def test_double_backward_raises_clear_error(gop):
     a = randn((8,), requires_grad=True)
     b = randn((8,), requires_grad=True)
-    (grad_a,) = torch.autograd.grad(npu_liger.swiglu(a, b).sum(), a, create_graph=True)
+    (grad_a,) = torch.autograd.grad(gop.functional(a, b).sum(), a, create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         grad_a.sum().backward()
 
 
+@gated
 @pytest.mark.parametrize("bias", [False, True])
-def test_module_matches_hf_llama_mlp(bias):
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.llama.modeling_llama import LlamaMLP
-
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=88, hidden_act="silu", mlp_bias=bias)
-    hf = LlamaMLP(config).to(DEVICE)
-    ours = npu_liger.nn.SwiGLUMLP(32, 88, bias=bias).to(DEVICE)
+def test_module_matches_hf_mlp(gop, bias):
+    """GEGLUMLP / SwiGLUMLP == HF's gated MLP with that activation: outputs and gradients vs float64 weights."""
+    pytest.importorskip("transformers")
+    hf = _hf_mlp(gop.hidden_act, bias).to(DEVICE)
+    ours = gop.module(32, 88, bias=bias).to(DEVICE)
     ours.load_state_dict(hf.state_dict())
-    x = randn((2, 5, 32))
-    assert_close(ours(x), copy.deepcopy(hf).double()(x.double()))
-
-    x = x.requires_grad_(True)
-    ours(x).sum().backward()
+    x = randn((2, 5, 32), requires_grad=True)
     hf64 = copy.deepcopy(hf).double()
     x64 = x.detach().double().requires_grad_(True)
-    hf64(x64).sum().backward()
+    out, out64 = ours(x), hf64(x64)
+    assert_close(out, out64)
+    out.sum().backward()
+    out64.sum().backward()
     assert_close(x.grad, x64.grad, what="grad_x")
     assert_close(ours.gate_proj.weight.grad, hf64.gate_proj.weight.grad, what="grad_gate_proj")
     assert_close(ours.up_proj.weight.grad, hf64.up_proj.weight.grad, what="grad_up_proj")
 
 
+@gated
 @pytest.mark.parametrize(
     "a, b, error, match",
     [
@@ -184,12 +228,13 @@ def test_module_matches_hf_llama_mlp(bias):
         (lambda: randn((4,)), lambda: torch.randn(4, device="meta"), RuntimeError, "b must be on the device of a"),
     ],
 )
-def test_bad_input_raises_clear_error(a, b, error, match):
+def test_bad_input_raises_clear_error(gop, a, b, error, match):
     with pytest.raises(error, match=match):
-        npu_liger.swiglu(a(), b())
+        gop.functional(a(), b())
 
 
-def test_backward_op_checks_grad_c():
+@gated
+def test_backward_op_checks_grad_c(gop):
     a, b = randn((4, 5)), randn((4, 5))
     with pytest.raises(ValueError, match="grad_c must have the shape of a"):
-        swiglu_backward_op(randn((4, 6)), a, b)
+        gop.backward_op(randn((4, 6)), a, b)
