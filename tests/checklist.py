@@ -94,3 +94,37 @@ def assert_compiles_without_recompiles(fn: Callable, make_inputs: Callable[[int]
             with torch._dynamo.config.patch(error_on_recompile=True):
                 got = compiled(*inputs)
         check(inputs, got, fn(*inputs))
+
+
+def check_rotary_pair(op: Callable, reference: Callable, q: torch.Tensor, k: torch.Tensor, tables: Dict,
+                      reference64_tables: tuple, eager_tables: tuple, out_names=("q_embed", "k_embed")):
+    """The rope family's shared check: ``op(q, k)`` forward and both gradients against ``reference`` in float64
+    (with ``reference64_tables``) and, for half precision, against ``reference`` in q's dtype (with
+    ``eager_tables``); the inputs (q, k and the named ``tables``) unchanged and not aliased. Returns the outputs
+    and leaves so callers can check layouts: (q_out, k_out, q, k)."""
+    q = q.detach().requires_grad_(True)
+    k = k.detach().requires_grad_(True)
+    names = ("q", "k", *tables)
+    inputs = (q, k, *tables.values())
+    before = snapshot(inputs)
+    q_out, k_out = op(q, k)
+    grad_q_out, grad_k_out = randn(q_out.shape, q.dtype), randn(k_out.shape, k.dtype)
+    torch.autograd.backward((q_out, k_out), (grad_q_out, grad_k_out))
+    assert_unchanged(before, inputs, names)
+    assert_no_alias((q_out, k_out, q.grad, k.grad), inputs)
+
+    q64 = q.detach().double().requires_grad_(True)
+    k64 = k.detach().double().requires_grad_(True)
+    q_ref, k_ref = reference(q64, k64, *reference64_tables)
+    torch.autograd.backward((q_ref, k_ref), (grad_q_out.double(), grad_k_out.double()))
+
+    q_lp = q.detach().clone().requires_grad_(True)
+    k_lp = k.detach().clone().requires_grad_(True)
+    q_eager, k_eager = reference(q_lp, k_lp, *eager_tables)
+    torch.autograd.backward((q_eager, k_eager), (grad_q_out, grad_k_out))
+
+    assert_close(q_out, q_ref, q_eager, what=out_names[0])
+    assert_close(k_out, k_ref, k_eager, what=out_names[1])
+    assert_close(q.grad, q64.grad, q_lp.grad, what="grad_q")
+    assert_close(k.grad, k64.grad, k_lp.grad, what="grad_k")
+    return q_out, k_out, q, k
