@@ -13,9 +13,8 @@ import torch
 import triton
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import check_float_tensor, check_same_layout, flat, require_launchable
+from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, check_same_layout, flat, require_launchable
 
-COMPUTE_DTYPE_SIZE = 4  # all arithmetic is fp32, so tiles are sized in fp32 elements
 
 
 def check_gated_inputs(a: torch.Tensor, b: torch.Tensor) -> None:

@@ -51,7 +51,8 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import grid_stride, program_start, require_launchable
+from ..tiling import next_power_of_2
+from ._triton import COMPUTE_DTYPE_SIZE, grid_stride, program_start, require_launchable
 
 # Memory analysis (all arithmetic in fp32, so tiles are sized in fp32 elements: dtype_size = 4).
 # A head tile is (BLOCK_H, PAD_HD) elements, held as two (BLOCK_H, PAD_HD // 2) halves. Live per element of it:
@@ -71,7 +72,6 @@ from ._triton import grid_stride, program_start, require_launchable
 FORWARD_MEMORY_MULTIPLIER = 4.0
 BACKWARD_MEMORY_MULTIPLIER = 4.0  # the same loop with the signs of the sin terms moved: same live values
 INTERLEAVED_MEMORY_MULTIPLIER = 6.0
-COMPUTE_DTYPE_SIZE = 4
 VECTOR_BYTES = 16  # widest global access of one thread on CUDA (ld.global.v4.b32)
 # CUDA: warps per program (the tile budget gives (16, 128)-element q tiles at head_dim 128). Measured on an H200
 # (bsz 4, seq 4096, 32/8 heads, bf16, one program per row), forward kernel:
@@ -219,13 +219,9 @@ def _rotary_bwd_kernel(grad_q_ptr, grad_k_ptr, cos_ptr, sin_ptr, grad_q_in_ptr, 
                  BLOCK_QH, BLOCK_KH, BLOCK_HALF, VEC, TVEC, INTERLEAVED, MROPE, PLANE_MASKS, True)
 
 
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else triton.next_power_of_2(n)
-
-
 def _request(n_q_heads: int, n_kv_heads: int, head_dim: int, memory_multiplier: float,
              interleaved: bool = False) -> TileRequest:
-    pad_hd = next_power_of_2(head_dim)
+    pad_hd = max(1, next_power_of_2(head_dim))
     return TileRequest(memory_multiplier, ((n_q_heads, pad_hd), (n_kv_heads, pad_hd)), (0, 0), COMPUTE_DTYPE_SIZE,
                        cuda_num_warps=CUDA_NUM_WARPS[interleaved])
 

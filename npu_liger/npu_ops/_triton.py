@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# All kernel arithmetic is fp32, so every TileRequest sizes its tiles in fp32 elements.
+COMPUTE_DTYPE_SIZE = 4
 
 
 @triton.jit

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import check_float_tensor, flat, program_start, grid_stride, require_launchable
+from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, flat, grid_stride, program_start, require_launchable
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -61,7 +61,6 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 #   row accumulator and masks take about as much): 6553 / 16 = 409 -> BLOCK_D 256.
 FORWARD_MEMORY_MULTIPLIER = 4.0
 BACKWARD_MEMORY_MULTIPLIER = 6.0
-COMPUTE_DTYPE_SIZE = 4
 # Duplicates of one row are summed RUN_BLOCK gradient rows at a time: enough lanes to vectorise hot rows,
 # few enough not to waste a large masked tile on the common run of one or two tokens.
 RUN_BLOCK = 8

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import check_float_tensor, check_same_layout, grid_stride, program_start, require_launchable
+from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, check_same_layout, grid_stride, program_start, require_launchable
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 LABEL_DTYPES = (torch.int32, torch.int64)
@@ -62,7 +62,6 @@ FORWARD_MEMORY_MULTIPLIER = 4.0
 FORWARD_MEMORY_MULTIPLIER_FP32 = 5.0
 FORWARD_CODES_MEMORY_MULTIPLIER = 6.0
 BACKWARD_MEMORY_MULTIPLIER = 6.0
-COMPUTE_DTYPE_SIZE = 4
 
 
 @triton.jit

@@ -3,7 +3,7 @@ Knows nothing of any op."""
 
 from .chips import ASCEND_CHIPS, AscendChip, emulated_chip, get_chip
 from .launch import LaunchPlan, TileRequest, plan_launch
-from .ub_manager import UBManager, compute_default_tiling_strategy, get_ub_manager, reset_ub_manager
+from .ub_manager import UBManager, compute_default_tiling_strategy, get_ub_manager, next_power_of_2, reset_ub_manager
 
 __all__ = [
     "ASCEND_CHIPS",
@@ -15,6 +15,7 @@ __all__ = [
     "emulated_chip",
     "get_chip",
     "get_ub_manager",
+    "next_power_of_2",
     "plan_launch",
     "reset_ub_manager",
 ]

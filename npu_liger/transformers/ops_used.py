@@ -22,7 +22,7 @@ from collections import Counter
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-NAMESPACE = "npu_liger"
+from ..registrations._op import NAMESPACE
 
 
 @contextlib.contextmanager
