@@ -2,13 +2,14 @@
 Knows nothing of any op."""
 
 from .chips import ASCEND_CHIPS, AscendChip, emulated_chip, get_chip
-from .launch import LaunchPlan, TileRequest, plan_launch
+from .launch import LaunchPlan, PlanRecord, TileRequest, plan_launch, record_plans
 from .ub_manager import UBManager, compute_default_tiling_strategy, get_ub_manager, next_power_of_2, reset_ub_manager
 
 __all__ = [
     "ASCEND_CHIPS",
     "AscendChip",
     "LaunchPlan",
+    "PlanRecord",
     "TileRequest",
     "UBManager",
     "compute_default_tiling_strategy",
@@ -17,5 +18,6 @@ __all__ = [
     "get_ub_manager",
     "next_power_of_2",
     "plan_launch",
+    "record_plans",
     "reset_ub_manager",
 ]

@@ -13,13 +13,15 @@ backend     tiles                                                   grid (``plan
 ==========  ======================================================  ================================
 
 Plans are computed at dispatch time (never while tracing) and memoised, so a launch costs a dict lookup.
+``record_plans()`` observes them: every plan made inside the ``with`` block is appended to the list it yields.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from .chips import emulated_chip
 from .ub_manager import TilingDim, UBManager, compute_default_tiling_strategy, get_ub_manager
@@ -78,15 +80,48 @@ def backend_of(device_type: str) -> str:
     return "npu"  # the PrivateUse1 backend torch_npu registers
 
 
+@dataclass(frozen=True)
+class PlanRecord:
+    """One ``plan_launch`` call seen by ``record_plans()``: what the kernel asked for and what it got."""
+
+    device_type: str
+    request: TileRequest
+    plan: LaunchPlan
+
+
+_recorders: List[List[PlanRecord]] = []  # the lists of the active record_plans() blocks
+
+
+@contextlib.contextmanager
+def record_plans() -> Iterator[List[PlanRecord]]:
+    """Collect every launch plan made inside the block (eager or compiled code alike), in launch order::
+
+        with npu_liger.tiling.record_plans() as plans:
+            model(x)
+        for record in plans: print(record.request.shapes, "->", record.plan.tiles)
+    """
+    records: List[PlanRecord] = []
+    _recorders.append(records)
+    try:
+        yield records
+    finally:
+        _recorders.remove(records)
+
+
 def plan_launch(device_type: str, request: TileRequest) -> LaunchPlan:
     backend = backend_of(device_type)
     if backend == "cuda":
-        return _plan_cuda(request)
-    if backend == "cpu":
+        plan = _plan_cuda(request)
+    elif backend == "cpu":
         chip = emulated_chip()
-        return _plan_ascend(request, "cpu", chip.name, chip.ub_bits, chip.vector_cores)
-    manager = get_ub_manager()
-    return _plan_ascend(request, "npu", manager.npu_model, manager.ub_capacity_bits, npu_vector_core_count())
+        plan = _plan_ascend(request, "cpu", chip.name, chip.ub_bits, chip.vector_cores)
+    else:
+        manager = get_ub_manager()
+        plan = _plan_ascend(request, "npu", manager.npu_model, manager.ub_capacity_bits, npu_vector_core_count())
+    if _recorders:
+        for records in _recorders:
+            records.append(PlanRecord(device_type, request, plan))
+    return plan
 
 
 @functools.lru_cache(maxsize=4096)
