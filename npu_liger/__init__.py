@@ -5,9 +5,25 @@ and exposes the functional API (``npu_liger.geglu(a, b)``, ...). Nothing here to
 """
 
 from . import nn, registrations, tiling
-from .registrations import _sharding  # noqa: F401  (DTensor sharding rules, once every op is defined)
-
-globals().update(registrations.FUNCTIONAL_API)
+from .registrations.embedding import embedding
+from .registrations.geglu import geglu
+from .registrations.llama4_rope import llama4_rope
+from .registrations.qwen2vl_mrope import qwen2vl_mrope
+from .registrations.rope import rope
+from .registrations.swiglu import swiglu
+from .registrations.tvd import tvd
 
 __version__ = "0.1.0"
-__all__ = ["nn", "tiling", "__version__", *sorted(registrations.FUNCTIONAL_API)]
+__all__ = [
+    "__version__",
+    "embedding",
+    "geglu",
+    "llama4_rope",
+    "nn",
+    "qwen2vl_mrope",
+    "registrations",
+    "rope",
+    "swiglu",
+    "tiling",
+    "tvd",
+]

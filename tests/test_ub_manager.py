@@ -43,7 +43,7 @@ def test_env_var_in_bits_comes_first(monkeypatch):
     assert calls == []  # CANN is not consulted when the variable is set
 
 
-@pytest.mark.parametrize("raw", ["0", "-8", "lots", ""])
+@pytest.mark.parametrize("raw", ["0", "-8", "lots", "", str(ubm.MAX_UB_CAPACITY_BITS + 1), "99999999999999999999999"])
 def test_invalid_env_var_is_an_error_naming_it(monkeypatch, raw):
     monkeypatch.setenv(ubm.UB_CAPACITY_ENV, raw)
     with pytest.raises(ValueError, match=ubm.UB_CAPACITY_ENV):

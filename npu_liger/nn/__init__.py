@@ -1,12 +1,8 @@
-"""``nn.Module`` wrappers around the ops (MLPs, losses, embedding). One file per op; each file's ``__all__``
-is re-exported here."""
+"""``nn.Module`` wrappers around the ops (MLPs, losses, embedding), one file per op."""
 
-import importlib
-import pkgutil
+from .embedding import Embedding
+from .geglu import GEGLUMLP
+from .swiglu import SwiGLUMLP
+from .tvd import TVDLoss
 
-__all__ = []
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):
-    _loaded = importlib.import_module(f"{__name__}.{_module}")
-    for _name in getattr(_loaded, "__all__", ()):
-        globals()[_name] = getattr(_loaded, _name)
-        __all__.append(_name)
+__all__ = ["Embedding", "GEGLUMLP", "SwiGLUMLP", "TVDLoss"]

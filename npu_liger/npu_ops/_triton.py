@@ -13,7 +13,9 @@ Two Triton-interpreter quirks every kernel must respect (the CPU backend runs th
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 
 import torch
 import triton
@@ -40,6 +42,44 @@ def grid_stride(BLOCK: tl.constexpr):
 def interpreter_enabled() -> bool:
     """Whether this process's kernels were defined for the Triton interpreter (decided when triton.jit ran)."""
     return type(program_start).__name__ == "InterpretedFunction"
+
+
+def _check_interpreter_consistent() -> None:
+    """TRITON_INTERPRET is read when each ``triton.jit`` runs, so setting it after ``import triton`` but before
+    ``import npu_liger`` gives interpreted kernels calling triton's own compiled helpers (``tl.sigmoid``, ...),
+    which fails at the first launch with an unrelated-looking error. Refuse at import instead."""
+    library = type(tl.sigmoid).__name__  # a @triton.jit function of triton.language.standard
+    ours = type(program_start).__name__
+    if library in ("JITFunction", "InterpretedFunction") and library != ours:
+        raise ImportError(
+            "TRITON_INTERPRET changed after triton was imported: triton's own kernels were built with "
+            f"interpreter={'on' if library == 'InterpretedFunction' else 'off'}, npu_liger's with "
+            f"interpreter={'on' if ours == 'InterpretedFunction' else 'off'} (TRITON_INTERPRET="
+            f"{os.environ.get('TRITON_INTERPRET')!r} now). Set TRITON_INTERPRET=1 for CPU (or leave it unset for "
+            "CUDA/NPU) before anything imports triton: in the shell, or at the very top of the script."
+        )
+
+
+_check_interpreter_consistent()
+
+# The Triton interpreter keeps per-launch state (the current program id) in globals, so two threads launching
+# at once corrupt each other's kernels (exceptions, or silently wrong results). CPU launches are serialised.
+INTERPRETER_LOCK = threading.RLock()
+
+
+def serialized(launcher):
+    """``launcher`` holding ``INTERPRETER_LOCK`` while it runs when kernels run on the interpreter; unchanged
+    (no cost) on GPU and NPU. ``define_op``/``define_autograd`` apply it to every op kernel; code that calls a
+    launcher directly wraps it once at import."""
+    if not interpreter_enabled():
+        return launcher
+
+    @functools.wraps(launcher)
+    def locked(*args, **kwargs):
+        with INTERPRETER_LOCK:
+            return launcher(*args, **kwargs)
+
+    return locked
 
 
 def require_launchable(device: torch.device) -> None:

@@ -18,8 +18,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from ._rotary import rotate_qk
-from .rope import check_qk
+from ._rotary import check_qk, rotate_qk
 
 FREQS_DTYPE = torch.complex64
 

@@ -21,7 +21,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from .rope import check_cos_sin, check_qk, launch_rope
+from ._rotary import check_cos_sin, check_qk, launch_half_split
 
 N_PLANES = 3  # temporal, height, width
 
@@ -59,10 +59,10 @@ def merge_mrope_sections(table: torch.Tensor, mrope_section: Sequence[int]) -> t
 def launch_mrope(q, k, cos, sin, mrope_section, *, backward: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     if len(mrope_section) == N_PLANES:
         sec1 = mrope_section[0]
-        return launch_rope(q, k, cos, sin, backward=backward, mrope_sections=(sec1, sec1 + mrope_section[1]))
+        return launch_half_split(q, k, cos, sin, backward=backward, mrope_sections=(sec1, sec1 + mrope_section[1]))
     merged_cos = merge_mrope_sections(cos, mrope_section)
     merged_sin = merge_mrope_sections(sin, mrope_section)
-    return launch_rope(q, k, merged_cos, merged_sin, backward=backward)
+    return launch_half_split(q, k, merged_cos, merged_sin, backward=backward)
 
 
 def qwen2vl_mrope_forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -1,14 +1,9 @@
 """How PyTorch sees the kernels: one file per op, each defining ``torch.ops.npu_liger.<op>`` (and its
-``<op>_backward``) and the functional wrappers listed in its ``__all__``.
+``<op>_backward``) and its public function (named in the file's ``__all__``, re-exported by ``npu_liger``).
 
-Every module in this package is imported here, so adding an op means adding a file. The functional
-wrappers are collected in ``FUNCTIONAL_API`` (not bound here, where they would shadow their modules).
+Adding an op: add its file and one import line here (and its public function to ``npu_liger/__init__.py``).
+The public functions are not bound here, where they would shadow their modules.
 """
 
-import importlib
-import pkgutil
-
-FUNCTIONAL_API = {}
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):
-    _loaded = importlib.import_module(f"{__name__}.{_module}")
-    FUNCTIONAL_API.update({name: getattr(_loaded, name) for name in getattr(_loaded, "__all__", ())})
+from . import embedding, geglu, llama4_rope, qwen2vl_mrope, rope, swiglu, tvd  # noqa: F401  (defines the ops)
+from . import _sharding  # noqa: F401,E402  (DTensor sharding rules, once every op above is defined)

@@ -12,6 +12,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ..npu_ops._triton import serialized
+
 NAMESPACE = "npu_liger"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 DEVICE_DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
@@ -23,6 +25,7 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable) -> "torch._ops.O
     Returns the bound overload (``torch.ops.npu_liger.<name>.default``) so callers skip attribute lookups.
     """
     name = schema.split("(", 1)[0].strip()
+    kernel = serialized(kernel)
     LIBRARY.define(schema)
     for key in DEVICE_DISPATCH_KEYS:
         LIBRARY.impl(name, kernel, key)
@@ -41,17 +44,13 @@ def define_autograd(
     torch.library.register_autograd(op, backward, setup_context=setup_context, lib=LIBRARY)
     if kernel is None:
         return op
-    return _eager_entry(op, kernel, backward, setup_context)
+    return _eager_entry(op, serialized(kernel), backward, setup_context)
 
 
 def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callable) -> Callable:
     """The quack-style eager bypass: the same kernels and autograd formula without the dispatcher's Python
-    round trips (a few µs per call instead of ~15).
-
-    Falls back to the real op whenever something must see it: torch.compile tracing (so the op stays one
-    opaque graph node), an active TorchDispatchMode (profilers, op counters, FakeTensorMode), functorch
-    transforms, and tensor subclasses such as DTensor. Call it with every schema argument positionally.
-    """
+    round trips (a few µs per call instead of ~15). Taken only when ``eager_kernels_allowed`` says so; every other
+    call is the real op. Call it with every schema argument positionally."""
 
     def forward(ctx, *args):
         output = kernel(*args)
@@ -67,19 +66,16 @@ def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callab
     EagerAutograd = type(name, (torch.autograd.Function,),
                          {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
     apply = EagerAutograd.apply
-    is_compiling = torch.compiler.is_compiling
-    functorch_active = torch._C._are_functorch_transforms_active
     grad_enabled = torch.is_grad_enabled
-    Tensor, Parameter = torch.Tensor, torch.nn.Parameter
 
     def entry(*args):
-        if is_compiling() or _dispatch_mode_active() or functorch_active():
+        if _context_needs_op():
             return op(*args)
         needs_grad = False
         for arg in args:
             if isinstance(arg, Tensor):
-                if type(arg) is not Tensor and type(arg) is not Parameter:
-                    return op(*args)  # DTensor, FakeTensor, FunctionalTensor, ...
+                if not _is_plain(arg):
+                    return op(*args)
                 needs_grad = needs_grad or arg.requires_grad
         if needs_grad and grad_enabled():
             return apply(*args)
@@ -88,8 +84,43 @@ def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callab
     return entry
 
 
-def _dispatch_mode_active() -> bool:
-    return torch._C._len_torch_dispatch_stack() > 0
+# The rule for skipping the dispatcher, written once. Launchers read tensors as raw memory, so the shortcut
+# is taken only for plain dense tensors on a real device with no lazy negation/conjugation bit, and only when
+# nothing needs to see the op itself. In every other case the public function calls the op, whose dispatcher
+# materialises neg/conj views, routes meta tensors to the fake, and shows the op to tracers and modes.
+Tensor, _PLAIN_TYPES, _STRIDED = torch.Tensor, (torch.Tensor, torch.nn.Parameter), torch.strided
+_is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state  # torch.jit.trace
+_dispatch_modes = torch._C._len_torch_dispatch_stack  # profilers, op counters, FakeTensorMode
+_function_modes = torch._C._len_torch_function_stack  # e.g. `with torch.device("meta")`
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def _context_needs_op() -> bool:
+    """torch.compile or jit.trace tracing, an active dispatch or function mode, or a functorch transform."""
+    return (_is_compiling() or _tracing_state() is not None or _dispatch_modes() > 0 or _function_modes() > 0
+            or _functorch_active())
+
+
+def _is_plain(t: torch.Tensor) -> bool:
+    """Exactly Tensor/Parameter (not DTensor, FakeTensor, ...), strided, not meta, no neg/conj bit."""
+    return (type(t) in _PLAIN_TYPES and t.layout is _STRIDED and not t.is_meta
+            and not t.is_neg() and not t.is_conj())
+
+
+def eager_call_allowed(*tensors) -> bool:
+    """The rule above for code outside ``define_autograd`` that launches kernels directly (``None`` ignored)."""
+    if _context_needs_op():
+        return False
+    return all(t is None or _is_plain(t) for t in tensors)
+
+
+def eager_kernels_allowed(*tensors) -> bool:
+    """Whether a backward formula may launch its kernels instead of calling its backward op: the rule above,
+    and no tensor needing a graph (so that create_graph=True reaches the backward op's double-backward error)."""
+    if not eager_call_allowed(*tensors):
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
 
 
 def forbid_double_backward(op: "torch._ops.OpOverload", forward_name: str) -> None:
@@ -107,4 +138,4 @@ def forbid_double_backward(op: "torch._ops.OpOverload", forward_name: str) -> No
     define_autograd(op, backward=_backward, setup_context=_setup_context)
 
 
-__all__ = ["LIBRARY", "define_op", "define_autograd", "forbid_double_backward"]
+__all__ = ["LIBRARY", "NAMESPACE", "define_op", "define_autograd", "eager_call_allowed", "eager_kernels_allowed", "forbid_double_backward"]

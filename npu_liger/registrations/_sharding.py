@@ -42,13 +42,11 @@ from __future__ import annotations
 
 import warnings
 from types import SimpleNamespace
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
 from ._op import NAMESPACE
-
-__all__: List[str] = []  # nothing for the functional API
 
 # op name -> rule function, filled only where DTensor is available (tests assert every op has one)
 REGISTERED: Dict[str, Callable] = {}
@@ -157,13 +155,13 @@ def _rules(api):
 
 
 def register_all() -> Dict[str, Callable]:
-    """Register a rule for every op that exists (ops still to come are skipped). Idempotent."""
+    """Register the rule of every op. Idempotent."""
     api = _dtensor_api()
     if api is None:
         return REGISTERED
     namespace = getattr(torch.ops, NAMESPACE)
     for name, rule in _rules(api).items():
-        if name in REGISTERED or not hasattr(namespace, name):
+        if name in REGISTERED:
             continue
         op = getattr(namespace, name).default
         first_scalar, first_int = _scalar_argnums(op)

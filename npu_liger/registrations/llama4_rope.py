@@ -1,55 +1,23 @@
-"""npu_liger::llama4_rope and npu_liger::llama4_rope_backward: schema -> fake -> device kernels -> autograd."""
+"""npu_liger::llama4_rope and npu_liger::llama4_rope_backward (schema, fakes and autograd from ``_rotary.py``)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Tuple
 
 import torch
 
 from ..npu_ops.llama4_rope import (check_llama4_inputs, launch_llama4, llama4_rope_backward, llama4_rope_forward,
                                    new_llama4_output)
-from ._op import define_autograd, define_op, forbid_double_backward
-from .rope import eager_kernels_allowed
+from ._rotary import define_rotary_op
 
 __all__ = ["llama4_rope"]
 
-
-def _llama4_rope_fake(q, k, freqs_cis):
-    check_llama4_inputs(q, k, freqs_cis)
-    return new_llama4_output(q), new_llama4_output(k)
-
-
-def _llama4_rope_backward_fake(grad_q, grad_k, freqs_cis):
-    check_llama4_inputs(grad_q, grad_k, freqs_cis, names=("grad_q", "grad_k"))
-    return new_llama4_output(grad_q), new_llama4_output(grad_k)
-
-
-llama4_rope_op = define_op(
-    "llama4_rope(Tensor q, Tensor k, Tensor freqs_cis) -> (Tensor, Tensor)",
-    kernel=llama4_rope_forward,
-    fake=_llama4_rope_fake,
+llama4_rope_op, llama4_rope_backward_op, _llama4_rope_entry = define_rotary_op(
+    "llama4_rope", "Tensor freqs_cis", forward=llama4_rope_forward, backward=llama4_rope_backward,
+    launch_backward=functools.partial(launch_llama4, backward=True), check=check_llama4_inputs,
+    new_output=new_llama4_output,
 )
-llama4_rope_backward_op = define_op(
-    "llama4_rope_backward(Tensor grad_q, Tensor grad_k, Tensor freqs_cis) -> (Tensor, Tensor)",
-    kernel=llama4_rope_backward,
-    fake=_llama4_rope_backward_fake,
-)
-
-
-def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(inputs[2])
-
-
-def _backward(ctx, grad_q, grad_k):
-    (freqs_cis,) = ctx.saved_tensors
-    if eager_kernels_allowed(grad_q, grad_k, freqs_cis):  # see registrations/rope.py
-        return (*launch_llama4(grad_q, grad_k, freqs_cis, backward=True), None)
-    return (*llama4_rope_backward_op(grad_q, grad_k, freqs_cis), None)
-
-
-_llama4_rope_entry = define_autograd(llama4_rope_op, backward=_backward, setup_context=_setup_context,
-                                     kernel=llama4_rope_forward)
-forbid_double_backward(llama4_rope_backward_op, "llama4_rope")
 
 
 def llama4_rope(q: torch.Tensor, k: torch.Tensor, freqs_cis: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

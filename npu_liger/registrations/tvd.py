@@ -16,7 +16,8 @@ from typing import Optional
 import torch
 
 from ..npu_ops.tvd import check_tvd_grad, check_tvd_inputs, tvd_backward, tvd_backward_from_codes, tvd_forward
-from ._op import _dispatch_mode_active, define_autograd, define_op, forbid_double_backward
+from ..npu_ops._triton import serialized
+from ._op import define_autograd, define_op, eager_call_allowed, forbid_double_backward
 
 __all__ = ["tvd"]
 
@@ -59,6 +60,8 @@ def _backward(ctx, grad_out):
     return grad_p, grad_q, None, None, None
 
 
+_forward_with_codes = serialized(tvd_forward)
+_backward_from_codes = serialized(tvd_backward_from_codes)
 _tvd_entry = define_autograd(tvd_op, backward=_backward, setup_context=_setup_context, kernel=tvd_forward)
 forbid_double_backward(tvd_backward_op, "tvd")
 
@@ -68,7 +71,7 @@ class TvdCodesEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, p, q, shift_labels, reduction, ignore_index):
-        loss, saved = tvd_forward(p, q, shift_labels, reduction, ignore_index, save_codes=True)
+        loss, saved = _forward_with_codes(p, q, shift_labels, reduction, ignore_index, save_codes=True)
         # p and q are kept (references, no copy) only for a create_graph backward, which goes through the op.
         ctx.save_for_backward(p, q, shift_labels, saved.codes)  # the codes go as a saved tensor (freed after use)
         ctx.saved, ctx.reduction, ctx.ignore_index = saved._replace(codes=None), reduction, ignore_index
@@ -82,24 +85,13 @@ class TvdCodesEager(torch.autograd.Function):
         else:
             check_tvd_grad(grad_out, p, ctx.reduction)
             saved = ctx.saved._replace(codes=codes)
-            grad_p, grad_q = tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, ctx.reduction)
+            grad_p, grad_q = _backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, ctx.reduction)
         return grad_p, grad_q, None, None, None
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
 def _codes_path(p, q, shift_labels) -> bool:
-    """Whether an eager call may take ``TvdCodesEager``: the conditions of the op's eager bypass (plain
-    tensors, no tracing, no dispatch mode, no functorch transform) plus a gradient to compute."""
-    if type(p) not in _PLAIN or type(q) not in _PLAIN:
-        return False
-    if shift_labels is not None and type(shift_labels) not in _PLAIN:
-        return False
-    if not ((p.requires_grad or q.requires_grad) and torch.is_grad_enabled()):
-        return False
-    return not (torch.compiler.is_compiling() or _dispatch_mode_active()
-                or torch._C._are_functorch_transforms_active())
+    """Whether an eager call may take ``TvdCodesEager``: the eager bypass's rule plus a gradient to compute."""
+    return (p.requires_grad or q.requires_grad) and torch.is_grad_enabled() and eager_call_allowed(p, q, shift_labels)
 
 
 def tvd(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.Tensor] = None, reduction: str = "batchmean",

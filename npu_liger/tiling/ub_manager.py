@@ -20,6 +20,9 @@ import os
 from typing import Optional, Tuple, Union
 
 UB_CAPACITY_ENV = "ASCEND_UB_CAPACITY_BITS"
+# Largest accepted override: 1 MiB, four times the largest UB of any Ascend chip (Ascend950, 248 KiB). A larger
+# value is a typo (bytes or a unit mix-up) that would make every tile overflow the real UB.
+MAX_UB_CAPACITY_BITS = 8 * 1024 * 1024
 
 TilingDim = Union[int, Tuple[int, ...]]
 
@@ -82,9 +85,10 @@ class UBManager:
                 bits = int(raw)
             except ValueError:
                 bits = 0
-            if bits <= 0:
+            if not 0 < bits <= MAX_UB_CAPACITY_BITS:
                 # A misconfigured override must not silently fall through to another source.
-                raise ValueError(f"{UB_CAPACITY_ENV} must be a positive integer number of bits, got {raw!r}")
+                raise ValueError(f"{UB_CAPACITY_ENV} must be a positive integer number of bits, at most "
+                                 f"{MAX_UB_CAPACITY_BITS} (1 MiB; real chips have 192-248 KiB), got {raw!r}")
             return bits
 
         ub_bytes = _ub_bytes_from_cann(self._npu_model)

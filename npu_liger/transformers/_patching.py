@@ -14,7 +14,20 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, Tuple
 
-_MISSING = object()
+
+
+class _Missing:
+    """"There was no such attribute". Pickled by reference (patched models pickle, save/load and deepcopy with
+    their originals), so ``is _MISSING`` still holds after a round trip."""
+
+    def __reduce__(self):
+        return "_MISSING"
+
+    def __repr__(self):
+        return "<missing>"
+
+
+_MISSING = _Missing()
 _INSTANCE_ORIGINALS = "_npu_liger_originals"
 
 # (id of owner, attribute name) -> (owner, original value or _MISSING)

@@ -19,7 +19,6 @@ from types import ModuleType
 from typing import Optional, Tuple
 
 from . import _patching, rope
-from .modules import op_available
 
 # (function name in the modeling module, drop-in, npu_liger op, a fragment of transformers' source for it
 # (whitespace removed) that must be present: a release that changed the math is left alone, with a warning)
@@ -76,19 +75,16 @@ def patch_rope(family: Family) -> list:
     global to the modeling module (its attention layers look the name up at call time), i.e. it reaches every
     model of the family in the process."""
     module, patched = family.load(), []
-    for fname, dropin, op, fragment in family.rope:
+    for fname, dropin, _op, fragment in family.rope:
         if not hasattr(module, fname):
             continue
         source = _source(_patching.original_attr(module, fname))
         if source is not None and fragment not in source:
             warnings.warn(f"npu_liger: {family.name}'s {fname} is not the computation npu_liger knows (a "
                           f"different transformers version?); left as it is", stacklevel=3)
-        elif op_available(op):
+        else:
             _patching.set_attr(module, fname, dropin)
             patched.append(fname)
-        else:
-            warnings.warn(f"npu_liger: the {op} op is not available in this npu_liger build; {family.name}'s "
-                          f"{fname} is left as transformers wrote it", stacklevel=3)
     return patched
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import types
 import warnings
 from typing import Optional
 
@@ -21,11 +20,6 @@ from . import _patching
 
 # Config activation -> npu_liger op computing ``act(gate) * up`` in one kernel.
 GATED_OPS = {"gelu_pytorch_tanh": "geglu", "silu": "swiglu", "swish": "swiglu"}
-
-
-def op_available(name: str) -> bool:
-    """Whether ``torch.ops.npu_liger.<name>`` and its functional ``npu_liger.<name>`` exist in this build."""
-    return hasattr(torch.ops.npu_liger, name) and callable(getattr(npu_liger, name, None))
 
 
 def _activation_module(module: nn.Module) -> Optional[nn.Module]:
@@ -52,10 +46,6 @@ def _gated_op_name(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
     if type(act) is not type(ACT2FN[act_name]):
         warnings.warn(f"npu_liger: {where}'s activation is {type(act).__name__}, not the {act_name!r} its config "
                       f"names; left unpatched", stacklevel=4)
-        return None
-    if not op_available(op):
-        warnings.warn(f"npu_liger: the {op} op is not available in this npu_liger build; {where} left unpatched",
-                      stacklevel=4)
         return None
     return op
 
@@ -109,13 +99,16 @@ PATCHED_FORWARDS = frozenset([*_MLP_FORWARDS.values(), *_EXPERT_FORWARDS.values(
 
 
 def _patch_forward(module: nn.Module, forward) -> None:
-    _patching.set_instance_attr(module, "forward", types.MethodType(forward, module))
+    """Give ``module`` its own ``forward`` = the module-level function ``forward`` bound to it. A
+    ``functools.partial`` (unlike a bound method, which pickles as a lookup of the function's name on the
+    module) pickles, survives ``torch.save``/``torch.load`` and deepcopies with the model."""
+    _patching.set_instance_attr(module, "forward", functools.partial(forward, module))
 
 
 def patched_op(module: nn.Module) -> Optional[str]:
     """The npu_liger op a patched module runs (None if unpatched)."""
     forward = module.__dict__.get("forward")
-    func = getattr(forward, "__func__", None)
+    func = getattr(forward, "func", None)
     for table in (_MLP_FORWARDS, _EXPERT_FORWARDS):
         for op, f in table.items():
             if func is f:
@@ -162,10 +155,6 @@ def _scaled_embedding_forward(self, input_ids):
 def patch_embedding(module: Optional[nn.Module]) -> bool:
     """Route an input embedding's lookup through ``torch.ops.npu_liger.embedding``."""
     name = type(module).__name__
-    if not op_available("embedding"):
-        warnings.warn("npu_liger: the embedding op is not available in this npu_liger build; the input "
-                      "embedding is left unpatched", stacklevel=3)
-        return False
     plain = type(module) is nn.Embedding
     scaled = isinstance(module, nn.Embedding) and name.endswith("ScaledWordEmbedding") and \
         isinstance(getattr(module, "embed_scale", None), torch.Tensor)
