@@ -140,14 +140,14 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
         stage = "forward check"
         with torch.no_grad():
             outs = fn(*pool[0].args)
-        row["fwd_err"] = max(rel_err(o, r) for o, r in zip(outs, ref.fwd)) if len(outs) == len(ref.fwd) else math.inf
+        row["fwd_err"] = max(rel_err(o, r) for o, r in zip(outs, ref.fwd, strict=True)) if len(outs) == len(ref.fwd) else math.inf
         del outs
 
         stage = "forward+backward check"
         outs, grads = forward_backward(fn, pool[1])
-        errs = [rel_err(o, r) for o, r in zip(outs, ref.fb_outs)]
+        errs = [rel_err(o, r) for o, r in zip(outs, ref.fb_outs, strict=True)]
         missing = [i for i, g in enumerate(grads) if g is None and ref.fb_grads[i] is not None]
-        errs += [rel_err(g, r) for g, r in zip(grads, ref.fb_grads) if g is not None and r is not None]
+        errs += [rel_err(g, r) for g, r in zip(grads, ref.fb_grads, strict=True) if g is not None and r is not None]
         row["fb_err"] = max(errs) if errs else math.nan
         if missing:
             row["note"] = "no grad for input(s) " + ",".join(str(i) for i in missing)

@@ -70,7 +70,7 @@ def _resolve(key: str, module: str, name: str, fallback, probe):
         return fallback
     try:
         args = probe()
-        ok = all(torch.allclose(x, y, atol=1e-6) for x, y in zip(fn(*args), fallback(*args)))
+        ok = all(torch.allclose(x, y, atol=1e-6) for x, y in zip(fn(*args), fallback(*args), strict=True))
     except Exception:
         ok = False
     if not ok:  # e.g. replaced by a hub kernel: not the eager baseline any more

@@ -94,7 +94,7 @@ def format_table(rows: List[Dict]) -> str:
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER) - 1)]
     lines = []
     for c in cells:
-        lines.append("  ".join(x.ljust(w) for x, w in zip(c[:-1], widths)) + "  " + c[-1])
+        lines.append("  ".join(x.ljust(w) for x, w in zip(c[:-1], widths, strict=True)) + "  " + c[-1])
         if c is cells[0]:
             lines.append("-" * min(200, sum(widths) + 2 * len(widths) + 10))
     return "\n".join(lines)
@@ -154,7 +154,7 @@ def format_cudagraphs(cg: Optional[Dict]) -> str:
             parts.append(f"{key}: {v:.1e}" if isinstance(v, float) else f"{key}: {v}")
     parts.append("ops through npu_liger: " + (", ".join(cg.get("npu_liger_ops", [])) or "none"))
     if cg.get("eager_fallback_ops"):
-        parts.append("as eager formula (not in npu_liger or not in --ops): " + ", ".join(cg["eager_fallback_ops"]))
+        parts.append("as eager formula (not in --ops): " + ", ".join(cg["eager_fallback_ops"]))
     for m in cg.get("skip_messages", [])[:10]:
         parts.append(f"log: {m}")
     return "\n".join(parts)

@@ -2,16 +2,17 @@
 """npu-liger GPU benchmark harness: one command times every op against eager PyTorch, torch.compile and
 Liger-Kernel, next to the GPU's own copy bandwidth.
 
-    python benchmarks/run.py [--ops geglu,swiglu,...] [--quick] [--out benchmarks/results]
+    python benchmarks/run.py [--ops geglu,swiglu,...] [--quick] [--out DIR | --publish]
 
 Sections, in order: device-to-device copy bandwidth; Triton compiled variants per op across 16 sequence
 lengths; eager dispatch overhead on tiny tensors; forward and forward+backward timings (checked against eager
 first) at the issue's shapes plus a token sweep (``--quick`` skips the sweep); a CUDA-graphs check of a small
-compiled model. Outputs (``--out``): results.csv, results.json, results.png, BENCHMARKS_snippet.md, written
-after every op so an interrupted run keeps what it measured. ``--merge DIR...`` rebuilds them from several
-runs' results.json (no GPU needed).
+compiled model. Outputs: results.csv, results.json, results.png, BENCHMARKS_snippet.md, written after every op
+so an interrupted run keeps what it measured, into ``benchmarks/output/`` (untracked) unless ``--out DIR`` says
+otherwise; ``--publish`` writes them into ``benchmarks/results/``, the tracked folder BENCHMARKS.md cites.
+``--merge DIR...`` rebuilds them from several runs' results.json (no GPU needed).
 
-CPU smoke test (Triton interpreter, tiny shapes, wall-clock timer, no torch.compile/Liger):
+CPU smoke test (Triton interpreter, tiny shapes, wall-clock timer, no torch.compile/Liger, no CUDA graphs):
 
     TRITON_INTERPRET=1 python benchmarks/run.py --device cpu --smoke
 """
@@ -19,14 +20,19 @@ CPU smoke test (Triton interpreter, tiny shapes, wall-clock timer, no torch.comp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ("copy", "compile-count", "dispatch", "timing", "cudagraphs")
+SECTIONS = ("compile-count", "dispatch", "timing", "cudagraphs")  # the copy bandwidth always runs: the roofline
+DEFAULT_OUT = os.path.join(REPO, "benchmarks", "output")  # in .gitignore: a run never touches tracked files
+PUBLISHED_OUT = os.path.join(REPO, "benchmarks", "results")  # what BENCHMARKS.md cites; only with --publish
 
 
 def parse_args(argv=None):
@@ -39,12 +45,13 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny shapes, few repetitions (implies --quick)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cuda (default) or cpu (Triton interpreter; wall-clock timer; no torch.compile/Liger)")
-    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: benchmarks/output, untracked)")
+    where.add_argument("--publish", action="store_true",
+                       help="write into benchmarks/results (tracked; what BENCHMARKS.md cites)")
     p.add_argument("--skip", default="", help=f"comma-separated sections to skip: {','.join(SECTIONS)}")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile variant")
     p.add_argument("--no-liger", action="store_true", help="leave out Liger-Kernel even when importable")
-    p.add_argument("--include-missing", action="store_true",
-                   help="still time eager/compile/Liger for ops npu_liger does not provide yet")
     p.add_argument("--npu-entry", default="functional", choices=("functional", "op"),
                    help="npu_liger variant: the functional API npu_liger.<op> (default; eager bypass) or "
                         "torch.ops.npu_liger.<op>.default")
@@ -52,16 +59,87 @@ def parse_args(argv=None):
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time (ms)")
     p.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (MiB; default 1024 on "
                    "cuda, 16 on cpu)")
-    p.add_argument("--merge", nargs="+", metavar="DIR", help="combine results.json of these folders into --out")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="combine results.json of these folders into the output")
     args = p.parse_args(argv)
     if args.smoke:
         args.quick = True
+    if args.publish:
+        if args.smoke:
+            p.error("--publish is for real runs: a smoke run's numbers are not results")
+        args.out = PUBLISHED_OUT
     args.skip = {s for s in args.skip.split(",") if s}
     unknown = args.skip - set(SECTIONS)
     if unknown:
         p.error(f"unknown --skip sections {sorted(unknown)}; choose from {SECTIONS}")
     return args
 
+
+def _say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+# ---- the run's state and its rows ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RowKey:
+    """What a timing row measured (the measurements themselves come from ``measure.check_and_time``)."""
+
+    op: str
+    op_rank: int  # the op's place in specs.SPECS: the order of the tables
+    kind: str  # "main", "sweep" or "smoke"
+    shape: str
+    tokens: int
+    dtype: str
+    bytes_fwd: int
+    bytes_fb: int
+    copy_gbps: float
+
+    @classmethod
+    def of(cls, case, rank: int, copy_gbps: float) -> "RowKey":
+        from benchmarks import specs
+
+        return cls(case.op, rank, case.kind, case.label, case.tokens, specs.DTYPE_NAMES[case.dtype],
+                   case.bytes(False), case.bytes(True), copy_gbps)
+
+
+@dataclass
+class Session:
+    """Everything the steps share: the options, the timer, and the data written to the output folder."""
+
+    args: argparse.Namespace
+    names: List[str]  # the ops to run, in specs.SPECS order
+    timer: object
+    use_compile: bool
+    use_liger: bool
+    meta: Dict
+    started: float = field(default_factory=time.time)
+    data: Dict = field(default_factory=dict)
+    mismatches: List[str] = field(default_factory=list)
+    out_paths: Dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.data = {"meta": self.meta, "rows": [], "dispatch": [], "compile_counts": [], "cudagraphs": None}
+
+    @property
+    def device(self) -> str:
+        return self.args.device
+
+    @property
+    def cpu(self) -> bool:
+        return self.args.device == "cpu"
+
+    def save(self) -> None:
+        """Rewrite every output from what was measured so far."""
+        from benchmarks import liger, report
+
+        self.data["rows"] = report.sort_rows(self.data["rows"])
+        report.finish_rows(self.data["rows"])
+        self.meta["liger_resolved"] = liger.resolved()
+        self.meta["elapsed_s"] = round(time.time() - self.started, 1)
+        self.out_paths = report.write_all(self.data, self.args.out)
+
+
+# ---- steps -----------------------------------------------------------------------------------------------------
 
 def _versions(device: str) -> dict:
     import torch
@@ -87,8 +165,178 @@ def _versions(device: str) -> dict:
     return info
 
 
-def _say(msg: str = "") -> None:
-    print(msg, flush=True)
+def start(args, argv) -> Optional[Session]:
+    """Checks the device and the op names, configures Dynamo, and describes the run; None (after saying why)
+    when it cannot run."""
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        print("TRITON_INTERPRET=1 is set: unset it for --device cuda", file=sys.stderr)
+        return None
+
+    import torch
+    import torch._dynamo
+
+    from benchmarks import liger, measure, reference, specs
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu --smoke for the CPU smoke test", file=sys.stderr)
+        return None
+    names = specs.op_names() if args.ops == "all" else [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [n for n in names if n not in specs.SPECS]
+    if bad:
+        print(f"unknown ops {bad}; known: {specs.op_names()}", file=sys.stderr)
+        return None
+    for attr in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, attr):
+            setattr(torch._dynamo.config, attr, 64)
+
+    eager_sources = reference.sources()  # resolve the HF formulas before anything (Liger) can patch transformers
+    cpu = args.device == "cpu"
+    timer = measure.Timer(args.device, args.warmup_ms, args.rep_ms, cpu_reps=3 if args.smoke else 10)
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": args.device,
+        "command": "python benchmarks/run.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "timer": timer.name,
+        "npu_entry": "npu_liger.<op> (functional API)" if args.npu_entry == "functional"
+        else "torch.ops.npu_liger.<op>.default",
+        **_versions(args.device),
+        "eager_sources": eager_sources,
+    }
+    meta["commands"] = [meta["command"]]
+    session = Session(args, [n for n in specs.op_names() if n in names], timer,
+                      use_compile=not (cpu or args.no_compile),
+                      use_liger=not (cpu or args.no_liger) and liger.available(), meta=meta)
+    _say(f"npu-liger benchmarks on {meta['device_name']}: torch {meta['torch']}, triton {meta['triton']}, "
+         f"transformers {meta['transformers']}, liger-kernel {meta['liger_kernel'] or 'not used'}")
+    _say(f"timer: {timer.name}; variants: npu_liger ({meta['npu_entry']}), eager"
+         f"{', torch.compile' if session.use_compile else ''}{', liger' if session.use_liger else ''}")
+    return session
+
+
+def measure_copy_bandwidth(session: Session) -> None:
+    from benchmarks import measure
+
+    copy_mib = session.args.copy_mib or (16 if session.cpu else 1024)
+    session.meta["copy_gbps"] = measure.copy_bandwidth_gbps(session.device, session.timer, copy_mib << 20)
+    session.meta["copy_buffer_mib"] = copy_mib
+    _say(f"copy bandwidth: {session.meta['copy_gbps']:.0f} GB/s (read + write, {copy_mib} MiB buffer)")
+
+
+def count_compiles(session: Session) -> None:
+    from benchmarks import measure, report, specs
+
+    _say(f"\nTriton compiled variants across {len(specs.COMPILE_SEQ_LENS)} sequence lengths "
+         f"(forward + backward; target <= 2 per kernel):")
+    for name in session.names:
+        if session.cpu or session.args.smoke:
+            item = {"op": name, "status": "n/a on the CPU interpreter / smoke run (no compiled kernels)"}
+        else:
+            try:
+                item = measure.compile_counts(specs.SPECS[name], session.device, specs.COMPILE_SEQ_LENS,
+                                              session.args.npu_entry)
+            except Exception as exc:
+                item = {"op": name, "status": f"ERROR {type(exc).__name__}: {exc}"[:300]}
+        session.data["compile_counts"].append(item)
+        _say(report.format_compile([item]))
+
+
+def measure_dispatch(session: Session) -> None:
+    from benchmarks import measure, report, specs
+
+    iters, repeats = (3, 1) if session.cpu else (20 if session.args.smoke else 1000, 5)
+    _say("\nEager dispatch overhead on tiny tensors (µs per call, over the raw launcher):")
+    for name in session.names:
+        try:
+            item = measure.dispatch_overhead(specs.SPECS[name], session.device, iters, repeats)
+        except Exception as exc:
+            item = {"op": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        session.data["dispatch"].append(item)
+    _say(report.format_dispatch(session.data["dispatch"]))
+
+
+def variants(session: Session, spec) -> List[Tuple[str, Callable]]:
+    """(name, fn) of every variant timed for ``spec``: npu_liger, eager, and torch.compile / Liger when used."""
+    from benchmarks import liger
+
+    found = [("npu_liger", spec.npu_variant(session.args.npu_entry)), ("eager", spec.eager_variant())]
+    if session.use_compile:
+        found.append(("torch.compile", spec.compiled_variant()))
+    if session.use_liger:
+        try:
+            found.append(("liger", liger.variant(spec.name)))
+        except Exception as exc:
+            _say(f"  liger: {spec.name} not available ({str(exc)[:200]})")
+    return found
+
+
+def time_case(session: Session, spec, rank: int, case, timed: List[Tuple[str, Callable]]) -> None:
+    """Every variant on one case: checked against eager on fresh inputs, then timed; one row each."""
+    from benchmarks import measure, report
+
+    try:
+        ref = measure.Reference(spec.eager_variant(), case, session.device)
+    except Exception as exc:
+        _say(f"  {spec.name} {case.label}: eager reference failed ({type(exc).__name__}: {exc}); skipped")
+        return
+    key = dataclasses.asdict(RowKey.of(case, rank, session.meta["copy_gbps"]))
+    for variant, fn in timed:
+        row = {**measure.check_and_time(variant, fn, case, session.device, ref, session.timer, session.args.smoke),
+               **key}
+        report.finish_rows([row])
+        session.data["rows"].append(row)
+        _say(f"  {spec.name:<13} {case.label:<38} {variant:<13} fwd {report._f(row['fwd_ms'], '.4f')} ms "
+             f"({report._f(row['fwd_frac'], '.2f')} of copy)  f+b {report._f(row['fb_ms'], '.4f')} ms "
+             f"({report._f(row['fb_frac'], '.2f')})  {report._check(row)}")
+        if row.get("check", "ok") != "ok":
+            session.mismatches.append(f"{spec.name} {case.label} {variant}: {report._check(row)}")
+
+
+def time_ops(session: Session) -> None:
+    from benchmarks import specs
+
+    args = session.args
+    kinds = ["smoke"] if args.smoke else ["main"] if args.quick else ["sweep"] if args.sweep_only else ["main", "sweep"]
+    _say("\nTimings (fresh identical inputs per variant; checked against eager first):")
+    for rank, name in enumerate(specs.op_names()):
+        if name not in session.names:
+            continue
+        spec = specs.SPECS[name]
+        timed = variants(session, spec)
+        for case in [c for kind in kinds for c in spec.cases(kind)]:
+            time_case(session, spec, rank, case, timed)
+        session.save()
+        _say(f"  ({name} done at {time.time() - session.started:.0f} s)")
+    try:
+        from torch._dynamo.utils import counters
+
+        session.meta["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+    except Exception:
+        pass
+
+
+def check_cudagraphs(session: Session) -> None:
+    from benchmarks import cudagraphs, report
+
+    try:
+        session.data["cudagraphs"] = cudagraphs.cudagraph_check(session.device, session.names,
+                                                                session.args.npu_entry)
+    except Exception as exc:
+        session.data["cudagraphs"] = {"status": "ERROR", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    _say("\nCUDA graphs check:\n" + report.format_cudagraphs(session.data["cudagraphs"]))
+
+
+def finish(session: Session) -> None:
+    from benchmarks import report
+
+    session.save()
+    if session.data["rows"]:
+        _say("\n" + report.format_table(session.data["rows"]))
+    if session.mismatches:
+        _say("\n!! MISMATCHES / ERRORS:\n" + "\n".join(f"!!   {m}" for m in session.mismatches))
+    _say("\n" + "\n".join(f"wrote {k}: {v}" for k, v in session.out_paths.items()))
+    _say(f"done in {time.time() - session.started:.0f} s")
 
 
 def merge_main(args) -> int:
@@ -113,177 +361,16 @@ def main(argv=None) -> int:
         sys.path.insert(0, REPO)
     if args.merge:
         return merge_main(args)
-    if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    elif os.environ.get("TRITON_INTERPRET") == "1":
-        print("TRITON_INTERPRET=1 is set: unset it for --device cuda", file=sys.stderr)
+    session = start(args, argv)
+    if session is None:
         return 2
-
-    import torch
-
-    from benchmarks import cudagraphs, liger, measure, reference, report, specs
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: use --device cpu --smoke for the CPU smoke test", file=sys.stderr)
-        return 2
-    device = args.device
-    cpu = device == "cpu"
-    names = specs.op_names() if args.ops == "all" else [o.strip() for o in args.ops.split(",") if o.strip()]
-    bad = [n for n in names if n not in specs.SPECS]
-    if bad:
-        print(f"unknown ops {bad}; known: {specs.op_names()}", file=sys.stderr)
-        return 2
-    import torch._dynamo
-
-    for attr in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, attr):
-            setattr(torch._dynamo.config, attr, 64)
-
-    started = time.time()
-    eager_sources = reference.sources()  # resolve the HF formulas before anything (Liger) can patch transformers
-    timer = measure.Timer(device, args.warmup_ms, args.rep_ms, cpu_reps=3 if args.smoke else 10)
-    use_compile = not (cpu or args.no_compile)
-    use_liger = not (cpu or args.no_liger) and liger.available()
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": device,
-        "command": "python benchmarks/run.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-        "timer": timer.name,
-        "npu_entry": "npu_liger.<op> (functional API)" if args.npu_entry == "functional"
-        else "torch.ops.npu_liger.<op>.default",
-        **_versions(device),
-    }
-    meta["commands"] = [meta["command"]]
-    data = {"meta": meta, "rows": [], "dispatch": [], "compile_counts": [], "cudagraphs": None}
-    _say(f"npu-liger benchmarks on {meta['device_name']}: torch {meta['torch']}, triton {meta['triton']}, "
-         f"transformers {meta['transformers']}, liger-kernel {meta['liger_kernel'] or 'not used'}")
-    _say(f"timer: {timer.name}; variants: npu_liger ({meta['npu_entry']}), eager"
-         f"{', torch.compile' if use_compile else ''}{', liger' if use_liger else ''}")
-
-    # -- copy bandwidth ----------------------------------------------------------------------------------
-    copy_mib = args.copy_mib or (16 if cpu else 1024)
-    meta["copy_gbps"] = measure.copy_bandwidth_gbps(device, timer, copy_mib << 20)
-    meta["copy_buffer_mib"] = copy_mib
-    _say(f"copy bandwidth: {meta['copy_gbps']:.0f} GB/s (read + write, {copy_mib} MiB buffer)")
-
-    # -- availability ------------------------------------------------------------------------------------
-    available = []
-    for name in specs.op_names():
-        why = specs.SPECS[name].available()
-        if why is None:
-            available.append(name)
-        elif name in names:
-            _say(f"npu_liger.{name}: not available ({why})" + (
-                "; timing the other variants only" if args.include_missing else "; skipped"))
-    meta["npu_liger_ops"] = available
-    meta["eager_sources"] = eager_sources
-    out_paths = {}
-
-    def save():
-        nonlocal out_paths
-        data["rows"] = report.sort_rows(data["rows"])
-        report.finish_rows(data["rows"])
-        meta["liger_resolved"] = liger.resolved()
-        meta["elapsed_s"] = round(time.time() - started, 1)
-        out_paths = report.write_all(data, args.out)
-
-    # -- compile count -----------------------------------------------------------------------------------
-    if "compile-count" not in args.skip:
-        _say(f"\nTriton compiled variants across {len(specs.COMPILE_SEQ_LENS)} sequence lengths "
-             f"(forward + backward; target <= 2 per kernel):")
-        for name in names:
-            if name not in available:
-                continue
-            if cpu or args.smoke:
-                item = {"op": name, "status": "n/a on the CPU interpreter / smoke run (no compiled kernels)"}
-            else:
-                try:
-                    item = measure.compile_counts(specs.SPECS[name], device, specs.COMPILE_SEQ_LENS, args.npu_entry)
-                except Exception as exc:
-                    item = {"op": name, "status": f"ERROR {type(exc).__name__}: {exc}"[:300]}
-            data["compile_counts"].append(item)
-            _say(report.format_compile([item]))
-
-    # -- dispatch overhead -------------------------------------------------------------------------------
-    if "dispatch" not in args.skip:
-        iters, repeats = (3, 1) if cpu else (20 if args.smoke else 1000, 5)
-        _say("\nEager dispatch overhead on tiny tensors (µs per call, over the raw launcher):")
-        for name in names:
-            if name not in available:
-                continue
-            try:
-                item = measure.dispatch_overhead(specs.SPECS[name], device, iters, repeats)
-            except Exception as exc:
-                item = {"op": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
-            data["dispatch"].append(item)
-        _say(report.format_dispatch(data["dispatch"]))
-
-    # -- timings -----------------------------------------------------------------------------------------
-    mismatches = []
-    if "timing" not in args.skip:
-        _say("\nTimings (fresh identical inputs per variant; checked against eager first):")
-        for rank, name in enumerate(specs.op_names()):
-            if name not in names or (name not in available and not args.include_missing):
-                continue
-            spec = specs.SPECS[name]
-            variants = []
-            if name in available:
-                variants.append(("npu_liger", spec.npu_variant(args.npu_entry)))
-            eager = spec.eager_variant()
-            variants.append(("eager", eager))
-            if use_compile:
-                variants.append(("torch.compile", spec.compiled_variant()))
-            if use_liger:
-                try:
-                    variants.append(("liger", liger.variant(name)))
-                except Exception as exc:
-                    _say(f"  liger: {name} not available ({str(exc)[:200]})")
-            kinds = ["smoke"] if args.smoke else ["main"] if args.quick else ["sweep"] if args.sweep_only \
-                else ["main", "sweep"]
-            for case in [c for kind in kinds for c in spec.cases(kind)]:
-                try:
-                    ref = measure.Reference(eager, case, device)
-                except Exception as exc:
-                    _say(f"  {name} {case.label}: eager reference failed ({type(exc).__name__}: {exc}); skipped")
-                    continue
-                for variant, fn in variants:
-                    row = measure.check_and_time(variant, fn, case, device, ref, timer, args.smoke)
-                    row.update(op=name, op_rank=rank, kind=case.kind, shape=case.label, tokens=case.tokens,
-                               dtype=specs.DTYPE_NAMES[case.dtype], bytes_fwd=case.bytes(False),
-                               bytes_fb=case.bytes(True), copy_gbps=meta["copy_gbps"])
-                    report.finish_rows([row])
-                    data["rows"].append(row)
-                    _say(f"  {name:<13} {case.label:<38} {variant:<13} fwd {report._f(row['fwd_ms'], '.4f')} ms "
-                         f"({report._f(row['fwd_frac'], '.2f')} of copy)  f+b {report._f(row['fb_ms'], '.4f')} ms "
-                         f"({report._f(row['fb_frac'], '.2f')})  {report._check(row)}")
-                    if row.get("check", "ok") != "ok":
-                        mismatches.append(f"{name} {case.label} {variant}: {report._check(row)}")
-                del ref
-            save()
-            _say(f"  ({name} done at {time.time() - started:.0f} s)")
-        try:
-            from torch._dynamo.utils import counters
-
-            meta["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
-        except Exception:
-            pass
-
-    # -- CUDA graphs -------------------------------------------------------------------------------------
-    if "cudagraphs" not in args.skip:
-        try:
-            model_ops = [n for n in available if n in names]
-            data["cudagraphs"] = cudagraphs.cudagraph_check(device, model_ops, args.npu_entry, compile_model=not cpu)
-        except Exception as exc:
-            data["cudagraphs"] = {"status": "ERROR", "error": f"{type(exc).__name__}: {exc}"[:300]}
-        _say("\nCUDA graphs check:\n" + report.format_cudagraphs(data["cudagraphs"]))
-
-    save()
-    if data["rows"]:
-        _say("\n" + report.format_table(data["rows"]))
-    if mismatches:
-        _say("\n!! MISMATCHES / ERRORS:\n" + "\n".join(f"!!   {m}" for m in mismatches))
-    _say("\n" + "\n".join(f"wrote {k}: {v}" for k, v in out_paths.items()))
-    _say(f"done in {time.time() - started:.0f} s")
+    measure_copy_bandwidth(session)
+    steps = {"compile-count": count_compiles, "dispatch": measure_dispatch, "timing": time_ops,
+             "cudagraphs": check_cudagraphs}
+    for section, step in steps.items():
+        if section not in args.skip:
+            step(session)
+    finish(session)
     return 0
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
@@ -99,7 +99,7 @@ class OpSpec:
 
     # --- npu_liger entry points -------------------------------------------------------------------------
     def op(self):
-        """``torch.ops.npu_liger.<name>.default``; raises AttributeError/RuntimeError when not defined."""
+        """``torch.ops.npu_liger.<name>.default``."""
         import npu_liger  # noqa: F401  (defines the ops)
 
         return getattr(torch.ops.npu_liger, self.name).default
@@ -113,15 +113,6 @@ class OpSpec:
         """The raw host launcher ``npu_liger.npu_ops.<name>.<name>_forward`` (what the op's kernel key calls)."""
         module = importlib.import_module(f"npu_liger.npu_ops.{self.name}")
         return getattr(module, f"{self.name}_forward")
-
-    def available(self) -> Optional[str]:
-        """None when npu_liger provides the op, else why not."""
-        try:
-            self.op()
-            self.functional()
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return None
 
     def npu_variant(self, entry: str = "functional") -> Callable:
         target = self.functional() if entry == "functional" else self.op()

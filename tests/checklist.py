@@ -61,7 +61,7 @@ def snapshot(tensors: Iterable) -> list:
 
 
 def assert_unchanged(before: list, after: Iterable, names: Sequence[str]):
-    for name, old, new in zip(names, before, after):
+    for name, old, new in zip(names, before, after, strict=True):
         if isinstance(old, torch.Tensor):
             assert torch.equal(old, new.detach()), f"{name} was modified by the op"
 
@@ -78,22 +78,70 @@ def run_opcheck(op, args: tuple, kwargs: Dict | None = None):
     torch.library.opcheck(op, args, kwargs or {})
 
 
+def compile_dynamic(fn: Callable) -> Callable:
+    """``torch.compile(fn, fullgraph=True, dynamic=True)`` from a clean Dynamo state."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, dynamic=True)
+
+
+def no_recompile_after_first(step: int):
+    """Context for the ``step``-th call of a compiled function: from the second call on, a recompile is an error."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(error_on_recompile=step > 0)
+
+
 def assert_compiles_without_recompiles(fn: Callable, make_inputs: Callable[[int], tuple], sizes: Sequence[int],
                                        check: Callable[[tuple, object, object], None]):
     """``torch.compile(fn, fullgraph=True, dynamic=True)`` matches eager for every size, and after the first
     size no recompilation happens (shapes are symbolic end to end, tiles are chosen at run time)."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
-    for i, size in enumerate(sizes):
+    compiled = compile_dynamic(fn)
+    for step, size in enumerate(sizes):
         inputs = make_inputs(size)
-        if i == 0:
+        with no_recompile_after_first(step):
             got = compiled(*inputs)
-        else:
-            with torch._dynamo.config.patch(error_on_recompile=True):
-                got = compiled(*inputs)
         check(inputs, got, fn(*inputs))
+
+
+def to_float64(value):
+    """A float64 (complex128) copy of a floating (complex) tensor, a new leaf requiring grad where ``value`` does;
+    anything else (integer tensors, numbers, lists) as it is."""
+    if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
+        return value
+    wide = value.detach().to(torch.complex128 if value.is_complex() else torch.float64)
+    return wide.requires_grad_(value.requires_grad)
+
+
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def assert_compiled_forward_backward(fn: Callable, reference: Callable, make_inputs: Callable[[int], tuple],
+                                     sizes: Sequence[int]) -> Callable:
+    """The compiled training step: ``torch.compile(fn, fullgraph=True, dynamic=True)`` run forward and backward
+    (fresh random output gradients) for every size in ``sizes`` matches ``reference`` in float64 (outputs and the
+    gradient of every input that requires grad), and after the first size nothing recompiles. Inputs are float32
+    (the float64 reference is the whole judge); ``fn`` should do some torch work around the op so that the op sits
+    inside a larger graph. Returns the compiled function."""
+    compiled = compile_dynamic(fn)
+    for step, size in enumerate(sizes):
+        inputs = make_inputs(size)
+        leaves = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+        assert leaves, "make_inputs must return at least one tensor that requires grad"
+        with no_recompile_after_first(step):
+            outs = _as_tuple(compiled(*inputs))
+            grads_out = [randn(out.shape, out.dtype) for out in outs]
+            torch.autograd.backward(outs, grads_out)
+        inputs64 = [to_float64(t) for t in inputs]
+        outs64 = _as_tuple(reference(*inputs64))
+        torch.autograd.backward(outs64, [g.to(torch.float64) for g in grads_out])
+        for i, (out, out64) in enumerate(zip(outs, outs64, strict=True)):
+            assert_close(out, out64, what=f"size {size}: output {i}")
+        for i in leaves:
+            assert_close(inputs[i].grad, inputs64[i].grad, what=f"size {size}: gradient of input {i}")
+    return compiled
 
 
 def check_rotary_pair(op: Callable, reference: Callable, q: torch.Tensor, k: torch.Tensor, tables: Dict,

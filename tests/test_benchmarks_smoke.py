@@ -3,6 +3,7 @@ shapes, wall-clock timer) for geglu only, in a subprocess so TRITON_INTERPRET is
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,11 @@ def test_smoke_geglu_writes_every_output(tmp_path):
     assert rows["npu_liger"]["speedup_fwd"] is not None
     assert data["meta"]["copy_gbps"] > 0
     assert [d["op"] for d in data["dispatch"]] == ["geglu"] and data["dispatch"][0]["launcher_us"] > 0
-    assert data["cudagraphs"]["status"] == "ok" and data["cudagraphs"]["npu_liger_ops"] == ["geglu"]
+    # No CUDA graphs on CPU: the section says so; the eager model check behind it still matched.
+    cudagraphs = data["cudagraphs"]
+    assert cudagraphs["status"] == "not run" and cudagraphs["npu_liger_ops"] == ["geglu"]
+    assert cudagraphs["loss_err"] <= 1e-4 and cudagraphs["grad_err"] <= 1e-3
+    assert "status: not run" in stdout
     assert "| geglu |" in (out / "BENCHMARKS_snippet.md").read_text()
 
     merged = tmp_path / "merged"
@@ -45,14 +50,20 @@ def test_smoke_geglu_writes_every_output(tmp_path):
     assert len(json.loads((merged / "results.json").read_text())["rows"]) == 2
 
 
-def test_op_missing_from_npu_liger_is_skipped(tmp_path):
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from benchmarks import specs;"
-        "specs.SPECS['geglu'].available = lambda: 'AttributeError: pretend it is not written yet';"
-        "from benchmarks.run import main;"
-        "sys.exit(main(['--device', 'cpu', '--smoke', '--ops', 'geglu', '--skip', 'cudagraphs', '--out', sys.argv[2]]))"
-    )
-    stdout = _run([sys.executable, "-c", code, str(REPO), str(tmp_path)])
-    assert "npu_liger.geglu: not available" in stdout
-    assert json.loads((tmp_path / "results.json").read_text())["rows"] == []
+def test_outputs_go_to_an_untracked_folder_unless_published():
+    sys.path.insert(0, str(REPO))
+    try:
+        from benchmarks.run import PUBLISHED_OUT, parse_args
+    finally:
+        sys.path.remove(str(REPO))
+    default = Path(parse_args(["--device", "cpu", "--smoke"]).out)
+    assert default == REPO / "benchmarks" / "output"
+    assert Path(parse_args(["--publish"]).out) == Path(PUBLISHED_OUT) == REPO / "benchmarks" / "results"
+    with pytest.raises(SystemExit):  # a smoke run is never published
+        parse_args(["--device", "cpu", "--smoke", "--publish"])
+    with pytest.raises(SystemExit):  # one place or the other
+        parse_args(["--publish", "--out", "/tmp/x"])
+    if (REPO / ".git").exists() and shutil.which("git"):  # in a checkout, git ignores what the default run writes
+        probe = default / "results.json"
+        proc = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=REPO, capture_output=True)
+        assert proc.returncode == 0, f"{probe} is not ignored by git: add benchmarks/output/ to .gitignore"

@@ -192,20 +192,20 @@ def check_sharded(env, fn, args, layouts, *, grads=(), seed=1000, mesh=None):
     ref_out = _as_tuple(fn(*ref_args))
     cotangents = [env.randn(*o.shape, seed=seed + i, dtype=o.dtype) for i, o in enumerate(ref_out)]
     if grads:
-        sum((o * c).sum() for o, c in zip(ref_out, cotangents)).backward()
+        sum((o * c).sum() for o, c in zip(ref_out, cotangents, strict=True)).backward()
 
     mesh = mesh or env.mesh
     as_placements = lambda pl: tuple(pl) if isinstance(pl, tuple) else (pl,)  # noqa: E731
     for placements, out, no_comm in layouts:
         where = f"placements {placements}"
         dt_args = [distribute_tensor(a.detach(), mesh, as_placements(pl)).requires_grad_(i in grads)
-                   if pl is not None else a for i, (a, pl) in enumerate(zip(args, placements))]
+                   if pl is not None else a for i, (a, pl) in enumerate(zip(args, placements, strict=True))]
         comm = CommDebugMode() if no_comm else contextlib.nullcontext()
         with comm:
             dt_out = _as_tuple(fn(*dt_args))
         if no_comm:
             assert comm.get_total_counts() == 0, f"{where}: forward communicated: {comm.get_comm_counts()}"
-        for i, (o, r) in enumerate(zip(dt_out, ref_out)):
+        for i, (o, r) in enumerate(zip(dt_out, ref_out, strict=True)):
             assert isinstance(o, DTensor), f"{where}: output {i} is {type(o).__name__}, not a DTensor"
             if out is not None:
                 assert o.placements == as_placements(out[i]), f"{where}: output {i} placed {o.placements}, " \
@@ -213,7 +213,7 @@ def check_sharded(env, fn, args, layouts, *, grads=(), seed=1000, mesh=None):
             torch.testing.assert_close(o.full_tensor(), r.detach(), msg=lambda m: f"{where}: output {i}: {m}")
         if not grads:
             continue
-        loss = sum((o.full_tensor() * c).sum() for o, c in zip(dt_out, cotangents))
+        loss = sum((o.full_tensor() * c).sum() for o, c in zip(dt_out, cotangents, strict=True))
         comm = CommDebugMode() if no_comm else contextlib.nullcontext()
         with comm:
             loss.backward()
@@ -258,7 +258,7 @@ def gated_mlp_ops(env):
         backward_op = getattr(torch.ops.npu_liger, fn.__name__ + "_backward")
         g = env.randn(5, 6, 8, seed=3)
         grads = backward_op(_from_local(env, g / env.world, P), _from_local(env, a, R), _from_local(env, b, R))
-        for got, ref in zip(grads, backward_op(g, a, b)):
+        for got, ref in zip(grads, backward_op(g, a, b), strict=True):
             assert got.placements == (P,), got.placements
             torch.testing.assert_close(got.full_tensor(), ref)
 
@@ -615,7 +615,7 @@ def _assert_same_model(model, ref_model, what):
     import torch
     from torch.distributed.tensor import DTensor
 
-    for (name, p), (_, ref) in zip(model.named_parameters(), ref_model.named_parameters()):
+    for (name, p), (_, ref) in zip(model.named_parameters(), ref_model.named_parameters(), strict=True):
         full = p.full_tensor() if isinstance(p, DTensor) else p
         torch.testing.assert_close(full.detach(), ref.detach(), rtol=1e-4, atol=1e-5,
                                    msg=lambda m: f"{what}: parameter {name} after {STEPS} steps: {m}")
@@ -632,7 +632,7 @@ def _assert_data_parallel_losses(losses, ref_losses, what):
     import torch
     import torch.distributed as dist
 
-    for step, (loss, ref) in enumerate(zip(losses, ref_losses)):
+    for step, (loss, ref) in enumerate(zip(losses, ref_losses, strict=True)):
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         torch.testing.assert_close(mean / dist.get_world_size(), ref, rtol=1e-4, atol=1e-5,
@@ -693,7 +693,7 @@ def _tensor_parallel_case(env, compiled):
     if seen is not None:
         want = {"embedding", "rope", "swiglu", "embedding_backward", "rope_backward", "swiglu_backward"}
         assert seen.with_dtensor == want, f"npu_liger ops that got DTensor arguments: {seen.with_dtensor}"
-    for step, (loss, ref) in enumerate(zip(losses, ref_losses)):
+    for step, (loss, ref) in enumerate(zip(losses, ref_losses, strict=True)):
         torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"TP loss at step {step}: {m}")
     _assert_same_model(model, ref_model, "tensor parallel" + (" (compiled)" if compiled else ""))
 

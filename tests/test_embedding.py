@@ -1,8 +1,6 @@
 """Embedding: exact gather, weight gradients against float64 (duplicates, padding row, both backward paths),
 determinism, index-range errors and in-kernel masking, opcheck, compile, tiling loops, no mutation, bad input."""
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +11,7 @@ import npu_liger
 import npu_liger.npu_ops.embedding as embedding_kernels
 from checklist import (DEVICE, FLOAT_DTYPES, FP32_RTOL, UNIT_ROUNDOFF, assert_close, assert_compiles_without_recompiles,
                        assert_no_alias, assert_unchanged, randn, rel_error, run_opcheck, snapshot)
+from checklist import assert_compiled_forward_backward
 
 embedding_op = torch.ops.npu_liger.embedding.default
 embedding_backward_op = torch.ops.npu_liger.embedding_backward.default
@@ -25,16 +24,6 @@ VOCAB_SIZES = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 127, 257, 1000])
 INDEX_DIMS = st.sampled_from([1, 2, 3, 5, 17, 64])
 
 
-@contextlib.contextmanager
-def deterministic_algorithms(enabled: bool):
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(enabled)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous)
-
-
 def make_indices(shape, num_embeddings, dtype=torch.int64, distinct=None):
     """Random indices drawing from ``distinct`` random rows (many duplicates when it is small)."""
     distinct = num_embeddings if distinct is None else min(distinct, num_embeddings)
@@ -42,15 +31,14 @@ def make_indices(shape, num_embeddings, dtype=torch.int64, distinct=None):
     return pool[torch.randint(0, distinct, tuple(shape))].to(dtype).to(DEVICE)
 
 
-def check_forward_backward(weight, indices, padding_idx=None, deterministic=False):
+def check_forward_backward(weight, indices, padding_idx=None):
     """Forward exact against F.embedding; the weight gradient against float64 autograd (half precision also
     against the eager half-precision one, and within one rounding of the fp32 sum)."""
     weight = weight.detach().requires_grad_(True)
     before = snapshot((weight, indices))
-    with deterministic_algorithms(deterministic):
-        out = npu_liger.embedding(weight, indices, padding_idx)
-        grad_out = randn(out.shape, out.dtype)
-        out.backward(grad_out)
+    out = npu_liger.embedding(weight, indices, padding_idx)
+    grad_out = randn(out.shape, out.dtype)
+    out.backward(grad_out)
     assert_unchanged(before, (weight, indices), ("weight", "indices"))
     assert_no_alias((out, weight.grad), (weight, indices, grad_out))
 
@@ -81,9 +69,9 @@ def make_weight(num_embeddings, dim, dtype, layout):
        index_dtype=st.sampled_from(INDEX_DTYPES), noncontiguous_indices=st.booleans(),
        dtype=st.sampled_from(FLOAT_DTYPES), layout=st.sampled_from(["contiguous", "strided", "transposed"]),
        distinct=st.sampled_from([1, 3, None]), padding=st.sampled_from([None, "used", "any"]),
-       deterministic=st.booleans(), data=st.data())
+       data=st.data())
 def test_matches_reference(num_embeddings, dim, index_shape, index_dtype, noncontiguous_indices, dtype, layout,
-                           distinct, padding, deterministic, data):
+                           distinct, padding, data):
     if num_embeddings * dim > 300_000:
         dim = 257
     while torch.Size(index_shape).numel() * max(dim, 64) > 100_000:  # keep the interpreter's work bounded
@@ -99,46 +87,46 @@ def test_matches_reference(num_embeddings, dim, index_shape, index_dtype, noncon
         padding_idx = int(indices.reshape(-1)[0])
     elif padding == "any":
         padding_idx = data.draw(st.integers(0, num_embeddings - 1), label="padding_idx")
-    check_forward_backward(weight, indices, padding_idx, deterministic)
+    check_forward_backward(weight, indices, padding_idx)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_many_duplicates_accumulate(dtype, deterministic):
+def test_many_duplicates_accumulate(dtype):
     indices = make_indices((4, 150), 50, torch.int32, distinct=3)
-    check_forward_backward(randn((50, 33), dtype), indices, padding_idx=None, deterministic=deterministic)
-    check_forward_backward(randn((50, 33), dtype), indices, int(indices[0, 0]), deterministic=deterministic)
+    check_forward_backward(randn((50, 33), dtype), indices, padding_idx=None)
+    check_forward_backward(randn((50, 33), dtype), indices, int(indices[0, 0]))
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_updates_are_not_lost(dtype, deterministic):
+def test_half_precision_updates_are_not_lost(dtype):
     """1000 gradients of 1.0 into one row: half-precision accumulation would stall (bf16 at 256); fp32 gives
     1000, which both formats hold exactly."""
     indices = torch.zeros(1000, dtype=torch.int64, device=DEVICE)
     grad_out = torch.ones((1000, 5), dtype=dtype, device=DEVICE)
-    with deterministic_algorithms(deterministic):
-        grad_weight = embedding_backward_op(grad_out, indices, 3, -1)
+    grad_weight = embedding_backward_op(grad_out, indices, 3, -1)
     assert grad_weight.dtype == dtype
     assert torch.equal(grad_weight[0], torch.full((5,), 1000.0, dtype=dtype, device=DEVICE))
     assert not grad_weight[1:].any()
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_backward_is_bitwise_reproducible_in_every_mode(dtype):
-    """One sorted kernel, no atomics: the same bits with and without deterministic mode, run after run."""
+def test_backward_is_bitwise_reproducible(dtype):
+    """One sorted kernel, no atomics: the same bits run after run (the second run under
+    ``torch.use_deterministic_algorithms(True)``, which the backward must not trip)."""
     indices = make_indices((3, 200), 64, torch.int64, distinct=7)
     grad_out = randn((3, 200, 70), dtype, scale=3.0)
     ref64 = torch.zeros((64, 70), dtype=torch.float64, device=DEVICE)
     ref64.index_add_(0, indices.reshape(-1), grad_out.reshape(-1, 70).double())
     ref64[5] = 0.0
     tol = FP32_RTOL if dtype == torch.float32 else UNIT_ROUNDOFF[dtype]
-    with deterministic_algorithms(False):
-        default = embedding_backward_op(grad_out, indices, 64, 5)
-    with deterministic_algorithms(True):
-        first = embedding_backward_op(grad_out, indices, 64, 5)
+    first = embedding_backward_op(grad_out, indices, 64, 5)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
         second = embedding_backward_op(grad_out.clone(), indices.clone(), 64, 5)
-    assert torch.equal(first, second) and torch.equal(first, default)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert torch.equal(first, second)
     assert rel_error(first, ref64) <= tol
 
 
@@ -209,14 +197,12 @@ def test_out_of_range_indices_raise_naming_the_value(bad, index_dtype):
         npu_liger.embedding(weight, indices)
     with pytest.raises(IndexError, match=rf"index {bad} is out of range"):
         embedding_op(weight.detach(), indices)
-    for deterministic in (False, True):
-        with deterministic_algorithms(deterministic), pytest.raises(IndexError, match=rf"index {bad} is out"):
-            embedding_backward_op(randn((2, 2, 6)), indices, 10, -1)
+    with pytest.raises(IndexError, match=rf"index {bad} is out"):
+        embedding_backward_op(randn((2, 2, 6)), indices, 10, -1)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, deterministic, monkeypatch):
+def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, monkeypatch):
     """With the host check switched off, bad indices touch nothing outside weight: weight is a view into a
     buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output."""
     monkeypatch.setattr(embedding_kernels, "check_index_range", lambda low, high, num_embeddings: None)
@@ -231,8 +217,7 @@ def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, d
     assert not out[~valid].any(), "tokens with out-of-range indices read something"
 
     grad_out = randn((9, 5))
-    with deterministic_algorithms(deterministic):
-        grad_weight = embedding_kernels.embedding_backward(grad_out, indices, 10, -1)
+    grad_weight = embedding_kernels.embedding_backward(grad_out, indices, 10, -1)
     expected = torch.zeros(10, 5, device=DEVICE).index_add_(0, indices[valid].long(), grad_out[valid])
     assert_close(grad_weight, expected.double())
 
@@ -271,19 +256,12 @@ def test_opcheck(dtype):
 
 
 def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda w, i: npu_liger.embedding(w * 2.0, i, 1), fullgraph=True, dynamic=True)
-    for step, (num_embeddings, dim, n) in enumerate([(5, 19, 8), (9, 7, 33), (17, 33, 130), (40, 3, 7)]):
-        weight = randn((num_embeddings, dim), requires_grad=True)
-        indices = make_indices((2, n), num_embeddings, distinct=4)
-        with torch._dynamo.config.patch(error_on_recompile=step > 0):
-            out = compiled(weight, indices)
-            out.sum().backward()
-        w64 = weight.detach().double().requires_grad_(True)
-        ref = F.embedding(indices, w64 * 2.0, padding_idx=1)
-        ref.sum().backward()
-        assert_close(out, ref)
-        assert_close(weight.grad, w64.grad)
+    compiled = assert_compiled_forward_backward(
+        lambda w, i: npu_liger.embedding(w * 2.0, i, 1),
+        lambda w, i: F.embedding(i, w * 2.0, padding_idx=1),
+        lambda size: (randn(size[:2], requires_grad=True), make_indices((2, size[2]), size[0], distinct=4)),
+        [(5, 19, 8), (9, 7, 33), (17, 33, 130), (40, 3, 7)],  # (num_embeddings, dim, tokens per row)
+    )
     # The range check runs inside the op at run time, so it still fires in the compiled graph.
     with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(IndexError, match="index 40"):
         compiled(randn((40, 3), requires_grad=True), torch.tensor([[0, 40], [1, 2]], device=DEVICE))
@@ -308,11 +286,10 @@ def test_tiling_loops_iterate_with_a_small_ub(small_ub):
     assert embedding_kernels._backward_plan("cpu", 300).tiles == ((8, 16),)
     many_tokens = embedding_kernels._token_plan("cpu", 1500, 3, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
     assert many_tokens.tiles == ((32, 4),)
-    for deterministic in (False, True):
-        check_forward_backward(randn((20, 300)), make_indices((2, 15), 20), 3, deterministic)
-        check_forward_backward(randn((20, 300), torch.bfloat16, noncontiguous=True),
-                               make_indices((30,), 20, distinct=5), None, deterministic)
-        check_forward_backward(randn((50, 3)), make_indices((1500,), 50, torch.int32), 7, deterministic)
+    check_forward_backward(randn((20, 300)), make_indices((2, 15), 20), 3)
+    check_forward_backward(randn((20, 300), torch.bfloat16, noncontiguous=True), make_indices((30,), 20, distinct=5),
+                           None)
+    check_forward_backward(randn((50, 3)), make_indices((1500,), 50, torch.int32), 7)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 import npu_liger
 import npu_liger.npu_ops.geglu as geglu_kernels
 import npu_liger.npu_ops.swiglu as swiglu_kernels
-from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
-                       assert_unchanged, randn, run_opcheck, snapshot)
+from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiled_forward_backward,
+                       assert_compiles_without_recompiles, assert_no_alias, assert_unchanged, randn, run_opcheck,
+                       snapshot)
 from npu_liger.npu_ops._gated import elementwise_request
 
 
@@ -149,21 +150,12 @@ def test_opcheck(gop, dtype):
 
 @gated
 def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles(gop):
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda a, b: gop.functional(a * 2.0, b), fullgraph=True, dynamic=True)
-    for i, n in enumerate([5, 8, 33, 130]):
-        a, b = randn((n, 19), requires_grad=True), randn((n, 19), requires_grad=True)
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            c = compiled(a, b)
-            c.sum().backward()
-        a64 = a.detach().double().requires_grad_(True)
-        b64 = b.detach().double().requires_grad_(True)
-        c64 = gop.reference(a64 * 2.0, b64)
-        c64.sum().backward()
-        assert_close(c, c64)
-        assert_close(a.grad, a64.grad)
-        assert_close(b.grad, b64.grad)
-
+    assert_compiled_forward_backward(
+        lambda a, b: gop.functional(a * 2.0, b),
+        lambda a, b: gop.reference(a * 2.0, b),
+        lambda n: (randn((n, 19), requires_grad=True), randn((n, 19), requires_grad=True)),
+        [5, 8, 33, 130],
+    )
 
 @gated
 def test_compile_helper_forward_only(gop):

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 import npu_liger
 import npu_liger.npu_ops._rotary as rotary_kernels
-from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, check_rotary_pair,
-                       randn, run_opcheck)
+from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiled_forward_backward,
+                       assert_compiles_without_recompiles, check_rotary_pair, randn, run_opcheck)
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama4.modeling_llama4 import apply_rotary_emb as hf_apply_rotary_emb  # noqa: E402
@@ -140,29 +140,17 @@ def test_opcheck(dtype):
 
 
 def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
-    torch._dynamo.reset()
-
-    def fn(q, k, freqs):
-        q_out, k_out = npu_liger.llama4_rope(q, k, freqs)
+    def model(rope, q, k, freqs):
+        q_out, k_out = rope(q, k, freqs)
         return q_out * 2.0, k_out
 
-    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
-    for i, (bsz, seq) in enumerate([(3, 5), (2, 9), (4, 17), (3, 30)]):
-        q = randn((bsz, seq, 6, 20), requires_grad=True)
-        k = randn((bsz, seq, 2, 20), requires_grad=True)
-        freqs = make_freqs(bsz, seq, 20, "batch")
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            q_out, k_out = compiled(q, k, freqs)
-            (q_out.sum() + (k_out * k_out).sum()).backward()
-        q64 = q.detach().double().requires_grad_(True)
-        k64 = k.detach().double().requires_grad_(True)
-        q_ref, k_ref = reference(q64, k64, freqs.to(torch.complex128))
-        (q_ref.sum() * 2.0 + (k_ref * k_ref).sum()).backward()
-        assert_close(q_out, q_ref * 2.0)
-        assert_close(k_out, k_ref)
-        assert_close(q.grad, q64.grad)
-        assert_close(k.grad, k64.grad)
-
+    assert_compiled_forward_backward(
+        lambda q, k, freqs: model(npu_liger.llama4_rope, q, k, freqs),
+        lambda q, k, freqs: model(reference, q, k, freqs),
+        lambda size: (randn((*size, 6, 20), requires_grad=True), randn((*size, 2, 20), requires_grad=True),
+                      make_freqs(*size, 20, "batch")),
+        [(3, 5), (2, 9), (4, 17), (3, 30)],  # (bsz, seq)
+    )
 
 def test_compile_helper_forward_only():
     assert_compiles_without_recompiles(

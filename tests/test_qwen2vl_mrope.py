@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 import npu_liger
 import npu_liger.npu_ops._rotary as rotary_kernels
-from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, check_rotary_pair,
-                       randn, run_opcheck)
+from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiled_forward_backward,
+                       assert_compiles_without_recompiles, check_rotary_pair, randn, run_opcheck)
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply_rotary_pos_emb  # noqa: E402
@@ -160,32 +160,21 @@ def test_opcheck(dtype):
 
 
 def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
-    torch._dynamo.reset()
     sections = [2, 3, 3]
 
-    def fn(qs, ks, cos, sin):
-        q_out, k_out = npu_liger.qwen2vl_mrope(qs.transpose(1, 2), ks.transpose(1, 2), cos, sin, sections)
+    def model(mrope, qs, ks, cos, sin):
+        q_out, k_out = mrope(qs.transpose(1, 2), ks.transpose(1, 2), cos, sin, sections)
         return q_out * 2.0, k_out
 
-    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
     # First sizes distinct from every other dim, 3 included: Dynamo's duck sizing would give a bsz of 3 the symbol
     # of the planes dim, which the fake checks, and so specialise bsz to 3 (one recompile on the next bsz).
-    for i, (bsz, seq) in enumerate([(4, 5), (2, 9), (3, 17)]):
-        qs = randn((bsz, seq, 6, 16), requires_grad=True)
-        ks = randn((bsz, seq, 2, 16), requires_grad=True)
-        cos, sin = mrope_planes(bsz, seq, 16, torch.float32, "random")
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            q_out, k_out = compiled(qs, ks, cos, sin)
-            (q_out.sum() + (k_out * k_out).sum()).backward()
-        qs64 = qs.detach().double().requires_grad_(True)
-        ks64 = ks.detach().double().requires_grad_(True)
-        q_ref, k_ref = reference(qs64.transpose(1, 2), ks64.transpose(1, 2), cos.double(), sin.double(), sections)
-        (q_ref.sum() * 2.0 + (k_ref * k_ref).sum()).backward()
-        assert_close(q_out, q_ref * 2.0)
-        assert_close(k_out, k_ref)
-        assert_close(qs.grad, qs64.grad)
-        assert_close(ks.grad, ks64.grad)
-
+    assert_compiled_forward_backward(
+        lambda qs, ks, cos, sin: model(npu_liger.qwen2vl_mrope, qs, ks, cos, sin),
+        lambda qs, ks, cos, sin: model(reference, qs, ks, cos, sin),
+        lambda size: (randn((*size, 6, 16), requires_grad=True), randn((*size, 2, 16), requires_grad=True),
+                      *mrope_planes(*size, 16, torch.float32, "random")),
+        [(4, 5), (2, 9), (3, 17)],  # (bsz, seq)
+    )
 
 def test_compile_helper_forward_only():
     assert_compiles_without_recompiles(

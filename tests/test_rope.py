@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import npu_liger
 import npu_liger.npu_ops._rotary as rotary_kernels
-from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, check_rotary_pair,
-                       randn, run_opcheck)
+from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiled_forward_backward,
+                       assert_compiles_without_recompiles, check_rotary_pair, randn, run_opcheck)
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as hf_partial_rotary  # noqa: E402
@@ -177,30 +177,19 @@ def test_opcheck(dtype):
 
 def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
     """bsz and seq change between calls (first sizes distinct from every other dim, so no duck-sized relation
-    is guarded); no recompilation, and compiled == eager == HF."""
-    torch._dynamo.reset()
+    is guarded); no recompilation, and compiled == HF in float64."""
 
-    def fn(qs, ks, cos, sin):
-        q_out, k_out = npu_liger.rope(qs.transpose(1, 2), ks.transpose(1, 2), cos, sin)
+    def model(rope, qs, ks, cos, sin):
+        q_out, k_out = rope(qs.transpose(1, 2), ks.transpose(1, 2), cos, sin)
         return q_out * 2.0, k_out
 
-    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
-    for i, (bsz, seq) in enumerate([(3, 5), (2, 9), (4, 17), (3, 30)]):
-        qs = randn((bsz, seq, 6, 20), requires_grad=True)
-        ks = randn((bsz, seq, 2, 20), requires_grad=True)
-        cos, sin = rope_table(bsz, seq, 12, torch.float32, "batch", "random")
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            q_out, k_out = compiled(qs, ks, cos, sin)
-            (q_out.sum() + (k_out * k_out).sum()).backward()
-        qs64 = qs.detach().double().requires_grad_(True)
-        ks64 = ks.detach().double().requires_grad_(True)
-        q_ref, k_ref = reference(qs64.transpose(1, 2), ks64.transpose(1, 2), cos.double(), sin.double())
-        (q_ref.sum() * 2.0 + (k_ref * k_ref).sum()).backward()
-        assert_close(q_out, q_ref * 2.0)
-        assert_close(k_out, k_ref)
-        assert_close(qs.grad, qs64.grad)
-        assert_close(ks.grad, ks64.grad)
-
+    assert_compiled_forward_backward(
+        lambda qs, ks, cos, sin: model(npu_liger.rope, qs, ks, cos, sin),
+        lambda qs, ks, cos, sin: model(reference, qs, ks, cos, sin),
+        lambda size: (randn((*size, 6, 20), requires_grad=True), randn((*size, 2, 20), requires_grad=True),
+                      *rope_table(*size, 12, torch.float32, "batch", "random")),
+        [(3, 5), (2, 9), (4, 17), (3, 30)],  # (bsz, seq)
+    )
 
 def test_compile_helper_forward_only():
     assert_compiles_without_recompiles(

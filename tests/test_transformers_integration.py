@@ -268,7 +268,7 @@ def test_apply_rotary_pos_emb_dropin(unsqueeze_dim):
         grads = torch.autograd.grad(sum(t.square().sum() for t in got), (q, k))
     assert counter.counts.get("rope") == 1 and counter.counts.get("rope_backward") == 1, counter.counts
     positional = nlt.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)  # 5.x: unsqueeze_dim 5th positional
-    for a, b in zip((*got, *grads, *positional), (*ref, *ref_grads, *ref)):
+    for a, b in zip((*got, *grads, *positional), (*ref, *ref_grads, *ref), strict=True):
         assert a.shape == b.shape and rel_error(a, b) <= FP32_RTOL
 
 
@@ -287,7 +287,7 @@ def test_apply_multimodal_rotary_pos_emb_dropin():
     with CountOps() as counter:
         got = nlt.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section)
     assert counter.counts.get("qwen2vl_mrope") == 1, counter.counts
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         assert rel_error(a, b) <= FP32_RTOL
 
 
@@ -303,7 +303,7 @@ def test_llama4_apply_rotary_emb_dropin():
     with CountOps() as counter:
         got = nlt.apply_rotary_emb(q, k, freqs_cis)
     assert counter.counts.get("llama4_rope") == 1, counter.counts
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         assert rel_error(a, b) <= FP32_RTOL
 
 

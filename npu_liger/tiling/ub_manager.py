@@ -171,7 +171,7 @@ def _default_strategy(
         return ()
     safe_bits = int(ub_capacity_bits * safety_margin)
     max_safe_sizes = []
-    for shape, tiling_dim in zip(shapes, tiling_dims):
+    for shape, tiling_dim in zip(shapes, tiling_dims, strict=True):
         dims = _validated_tiling_dims(shape, tiling_dim)
         unit_param = 1.0
         for index, size in enumerate(shape):
@@ -214,7 +214,7 @@ def compute_default_tiling_strategy(
         return None
 
     result = []
-    for shape, tiling_dim, max_safe in zip(shapes, tiling_dims, max_supported):
+    for shape, tiling_dim, max_safe in zip(shapes, tiling_dims, max_supported, strict=True):
         dims = _validated_tiling_dims(shape, tiling_dim)
         tiled = tuple(
             max(1, min(next_power_of_2(size), max_safe)) if index in dims else next_power_of_2(size)

@@ -163,12 +163,12 @@ class Compiler:
         bound_vals = tuple(bound_args.values())
         sigkeys = [fn.params[i].name for i in fn.non_constexpr_indices]
         sigvals = sig_and_spec[: len(sigkeys)]
-        signature = {k: ("*i8" if v == "none" else v) for k, v in zip(sigkeys, sigvals)}
+        signature = {k: ("*i8" if v == "none" else v) for k, v in zip(sigkeys, sigvals, strict=True)}
         attrs = backend.get_attrs_descriptor(fn.params, bound_vals)
         constant_params = attrs.get_constants()
         constants = {
             p.name: v
-            for v, p in zip(bound_vals, fn.params)
+            for v, p in zip(bound_vals, fn.params, strict=True)
             if p.is_constexpr or (p.num in constant_params) or v is None
         }
         src = ASTSource(fn, signature, constants, attrs)
