@@ -4,8 +4,12 @@ Importing the package defines ``torch.ops.npu_liger.*`` (eager, autograd, ``torc
 and exposes the functional API (``npu_liger.geglu(a, b)``, ...). Nothing here touches a device driver.
 """
 
-from . import nn, registrations, tiling
-from .registrations import _sharding  # noqa: F401  (DTensor sharding rules, once every op is defined)
+from ._install import require_triton
+
+require_triton()  # before any kernel file: a missing triton gets an ImportError naming the extra to install
+
+from . import nn, registrations, tiling  # noqa: E402
+from .registrations import _sharding  # noqa: E402,F401  (DTensor sharding rules, once every op is defined)
 
 globals().update(registrations.FUNCTIONAL_API)
 

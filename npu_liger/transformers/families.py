@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional, Tuple
 
+from .. import _install
 from . import _patching, rope
 from .modules import op_available
 
@@ -44,8 +45,7 @@ class Family:
         try:
             import transformers  # noqa: F401
         except ImportError as error:
-            raise ImportError("npu_liger.transformers patches Hugging Face transformers models, which is not "
-                              "installed: pip install 'npu-liger[hf]'") from error
+            raise ImportError(_install.TRANSFORMERS_HINT) from error
         return importlib.import_module(self.module)
 
 
