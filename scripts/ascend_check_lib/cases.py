@@ -85,7 +85,7 @@ def _tvd_codes_round_trip(tvd):
     """The eager training path: forward storing sign codes, then the backward from those codes."""
     def tvd_codes_round_trip(p, q, shift_labels, reduction, ignore_index, grad_out):
         _, saved = tvd.tvd_forward(p, q, shift_labels, reduction, ignore_index, save_codes=True)
-        tvd.tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, reduction)
+        tvd.tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, q.dtype, reduction)
     return tvd_codes_round_trip
 
 
