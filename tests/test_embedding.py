@@ -80,7 +80,7 @@ def make_weight(num_embeddings, dim, dtype, layout):
 @given(num_embeddings=VOCAB_SIZES, dim=EMBED_DIMS, index_shape=st.lists(INDEX_DIMS, min_size=0, max_size=3),
        index_dtype=st.sampled_from(INDEX_DTYPES), noncontiguous_indices=st.booleans(),
        dtype=st.sampled_from(FLOAT_DTYPES), layout=st.sampled_from(["contiguous", "strided", "transposed"]),
-       distinct=st.sampled_from([1, 3, None]), padding=st.sampled_from([None, "used", "any"]),
+       distinct=st.sampled_from([1, 3, None]), padding=st.sampled_from([None, "used", "any", "negative"]),
        deterministic=st.booleans(), data=st.data())
 def test_matches_reference(num_embeddings, dim, index_shape, index_dtype, noncontiguous_indices, dtype, layout,
                            distinct, padding, deterministic, data):
@@ -99,6 +99,8 @@ def test_matches_reference(num_embeddings, dim, index_shape, index_dtype, noncon
         padding_idx = int(indices.reshape(-1)[0])
     elif padding == "any":
         padding_idx = data.draw(st.integers(0, num_embeddings - 1), label="padding_idx")
+    elif padding == "negative":  # counted from the end, as F.embedding does
+        padding_idx = int(indices.reshape(-1)[0]) - num_embeddings if indices.numel() else -1
     check_forward_backward(weight, indices, padding_idx, deterministic)
 
 
@@ -400,7 +402,10 @@ def _idx(*values):
         (lambda: randn((4, 3)), lambda: [0, 1], -1, TypeError, "indices must be a torch.Tensor"),
         (lambda: randn((4, 3)), lambda: torch.zeros(2, dtype=torch.int64, device="meta"), -1, RuntimeError,
          "indices must be on the device of weight"),
-        (lambda: randn((4, 3)), _idx(0), 4, ValueError, "padding_idx must be < num_embeddings"),
+        (lambda: randn((4, 3)), _idx(0), 4, ValueError, r"padding_idx must be within \[-num_embeddings"),
+        (lambda: randn((4, 3)), _idx(0), -5, ValueError, r"padding_idx must be within .* = \[-4, 4\), got -5"),
+        (lambda: randn((4, 3)), _idx(0), True, TypeError, "padding_idx must be an int or None, got bool"),
+        (lambda: randn((4, 3)), _idx(0), 1.0, TypeError, "padding_idx must be an int or None, got float"),
     ],
 )
 def test_bad_input_raises_clear_error(weight, indices, padding_idx, error, match):
@@ -423,3 +428,34 @@ def test_bad_input_raises_clear_error(weight, indices, padding_idx, error, match
 def test_backward_bad_input_raises_clear_error(grad_out, indices, num_embeddings, padding_idx, error, match):
     with pytest.raises(error, match=match):
         embedding_backward_op(grad_out(), indices(), num_embeddings, padding_idx)
+
+
+@pytest.mark.parametrize("padding_idx", [None, -1, -3, 0, 4])
+def test_padding_idx_follows_torch_everywhere(padding_idx):
+    """The public function, nn.Embedding and the HF patch take torch's padding_idx: None is no padding row,
+    -1 the last row (not "none", which is only the schema's internal sentinel)."""
+    weight = randn((6, 5))
+    indices = torch.tensor([[5, 0, 3], [5, 4, 2]], device=DEVICE)
+    grad_out = randn((2, 3, 5))
+    w_ref = weight.detach().clone().requires_grad_(True)
+    F.embedding(indices, w_ref, padding_idx).backward(grad_out)
+    w_ours = weight.detach().clone().requires_grad_(True)
+    npu_liger.embedding(w_ours, indices, padding_idx).backward(grad_out)
+    assert torch.equal(w_ours.grad, w_ref.grad)
+
+    module = npu_liger.nn.Embedding(6, 5, padding_idx=padding_idx).to(DEVICE)
+    torch_module = torch.nn.Embedding(6, 5, padding_idx=padding_idx).to(DEVICE)
+    assert module.padding_idx == torch_module.padding_idx
+    with torch.no_grad():
+        module.weight.copy_(weight)
+    module(indices).backward(grad_out)
+    assert torch.equal(module.weight.grad, w_ref.grad)
+
+    from npu_liger.transformers import modules
+
+    hf_style = torch.nn.Embedding(6, 5, padding_idx=padding_idx).to(DEVICE)
+    with torch.no_grad():
+        hf_style.weight.copy_(weight)
+    assert modules.patch_embedding(hf_style)
+    hf_style(indices).backward(grad_out)
+    assert torch.equal(hf_style.weight.grad, w_ref.grad)
