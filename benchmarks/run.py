@@ -2,14 +2,15 @@
 """npu-liger GPU benchmark harness: one command times every op against eager PyTorch, torch.compile and
 Liger-Kernel, next to the GPU's own copy bandwidth.
 
-    python benchmarks/run.py [--ops geglu,swiglu,...] [--quick] [--out benchmarks/results]
+    python benchmarks/run.py [--ops geglu,swiglu,...] [--quick] [--out DIR | --publish]
 
 Sections, in order: device-to-device copy bandwidth; Triton compiled variants per op across 16 sequence
 lengths; eager dispatch overhead on tiny tensors; forward and forward+backward timings (checked against eager
 first) at the issue's shapes plus a token sweep (``--quick`` skips the sweep); a CUDA-graphs check of a small
-compiled model. Outputs (``--out``): results.csv, results.json, results.png, BENCHMARKS_snippet.md, written
-after every op so an interrupted run keeps what it measured. ``--merge DIR...`` rebuilds them from several
-runs' results.json (no GPU needed).
+compiled model. Outputs: results.csv, results.json, results.png, BENCHMARKS_snippet.md, written after every
+op so an interrupted run keeps what it measured, in ``--out`` (default ``benchmarks/output/``, untracked);
+``--publish`` writes them to ``benchmarks/results/`` instead, the committed results BENCHMARKS.md shows.
+``--merge DIR...`` rebuilds them from several runs' results.json (no GPU needed).
 
 CPU smoke test (Triton interpreter, tiny shapes, wall-clock timer, no torch.compile/Liger):
 
@@ -26,6 +27,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(REPO, "benchmarks", "output")  # untracked (.gitignore): runs never touch git's files
+PUBLISHED_OUT = os.path.join(REPO, "benchmarks", "results")  # committed; written only with --publish
 SECTIONS = ("copy", "compile-count", "dispatch", "timing", "cudagraphs")
 
 
@@ -39,7 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny shapes, few repetitions (implies --quick)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cuda (default) or cpu (Triton interpreter; wall-clock timer; no torch.compile/Liger)")
-    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="output folder")
+    p.add_argument("--out", default=None, help=f"output folder (default {os.path.relpath(DEFAULT_OUT, REPO)}/, untracked)")
+    p.add_argument("--publish", action="store_true",
+                   help=f"write to {os.path.relpath(PUBLISHED_OUT, REPO)}/, the committed results BENCHMARKS.md links to")
     p.add_argument("--skip", default="", help=f"comma-separated sections to skip: {','.join(SECTIONS)}")
     p.add_argument("--no-compile", action="store_true", help="leave out the torch.compile variant")
     p.add_argument("--no-liger", action="store_true", help="leave out Liger-Kernel even when importable")
@@ -52,8 +57,13 @@ def parse_args(argv=None):
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time (ms)")
     p.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (MiB; default 1024 on "
                    "cuda, 16 on cpu)")
-    p.add_argument("--merge", nargs="+", metavar="DIR", help="combine results.json of these folders into --out")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="combine results.json of these folders into --out (or --publish)")
     args = p.parse_args(argv)
+    if args.publish and args.out is not None:
+        p.error("--publish writes to benchmarks/results; leave out --out")
+    if args.publish and args.smoke:
+        p.error("--publish is for full GPU runs, not --smoke")
+    args.out = PUBLISHED_OUT if args.publish else args.out or DEFAULT_OUT
     if args.smoke:
         args.quick = True
     args.skip = {s for s in args.skip.split(",") if s}

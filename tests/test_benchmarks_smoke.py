@@ -37,8 +37,12 @@ def test_smoke_geglu_writes_every_output(tmp_path):
     assert rows["npu_liger"]["speedup_fwd"] is not None
     assert data["meta"]["copy_gbps"] > 0
     assert [d["op"] for d in data["dispatch"]] == ["geglu"] and data["dispatch"][0]["launcher_us"] > 0
-    assert data["cudagraphs"]["status"] == "ok" and data["cudagraphs"]["npu_liger_ops"] == ["geglu"]
+    cudagraphs = data["cudagraphs"]  # nothing to capture on the CPU: "not run", never a misleading "ok"
+    assert cudagraphs["status"] == "not run" and cudagraphs["eager_model_check"] == "ok"
+    assert cudagraphs["npu_liger_ops"] == ["geglu"] and "status: not run" in stdout
     assert "| geglu |" in (out / "BENCHMARKS_snippet.md").read_text()
+
+    assert not (REPO / "benchmarks" / "results" / "BENCHMARKS_snippet.md").exists()
 
     merged = tmp_path / "merged"
     _run([sys.executable, str(RUN), "--merge", str(out), str(out), "--out", str(merged)])
@@ -56,3 +60,15 @@ def test_op_missing_from_npu_liger_is_skipped(tmp_path):
     stdout = _run([sys.executable, "-c", code, str(REPO), str(tmp_path)])
     assert "npu_liger.geglu: not available" in stdout
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == []
+
+
+def test_default_output_is_untracked_and_publish_is_explicit():
+    sys.path.insert(0, str(REPO))
+    from benchmarks.run import DEFAULT_OUT, PUBLISHED_OUT, parse_args
+
+    assert parse_args(["--device", "cpu", "--smoke"]).out == DEFAULT_OUT
+    assert parse_args(["--publish"]).out == PUBLISHED_OUT
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(Path(DEFAULT_OUT) / "results.json")], cwd=REPO)
+    assert ignored.returncode == 0, "benchmarks/output/ must be git-ignored"
+    with pytest.raises(SystemExit):
+        parse_args(["--publish", "--out", "/tmp/x"])
