@@ -1,4 +1,4 @@
-"""The case table: every op of DESIGN.md section 4 x representative problem sizes (the benchmark shapes and small
+"""The case table: every op of docs/DESIGN.md section 4 x representative problem sizes (the benchmark shapes and small
 odd ones). Inputs are named as in the op contracts and handed to ``npu_liger.npu_ops.<op>.<op>_forward`` /
 ``<op>_backward`` by parameter name, so the table does not depend on argument order.
 
