@@ -216,12 +216,16 @@ def test_out_of_range_indices_raise_naming_the_value(bad, index_dtype):
             embedding_backward_op(randn((2, 2, 6)), indices, 10, -1)
 
 
+@pytest.mark.parametrize("by_token", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, deterministic, monkeypatch):
+def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, deterministic, by_token,
+                                                                   monkeypatch):
     """With the host check switched off, bad indices touch nothing outside weight: weight is a view into a
-    buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output."""
+    buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output. Both backward task
+    layouts (per vocabulary row, per token)."""
     monkeypatch.setattr(embedding_kernels, "check_index_range", lambda low, high, num_embeddings: None)
+    monkeypatch.setattr(embedding_kernels, "_tasks_by_token", lambda *args: by_token)
     big = 2**31 - 1 if index_dtype == torch.int32 else 2**40
     buffer = torch.full((14, 5), 777.0, device=DEVICE)
     buffer[2:12] = randn((10, 5))
@@ -459,3 +463,37 @@ def test_padding_idx_follows_torch_everywhere(padding_idx):
     assert modules.patch_embedding(hf_style)
     hf_style(indices).backward(grad_out)
     assert torch.equal(hf_style.weight.grad, w_ref.grad)
+
+
+@pytest.mark.parametrize("padding_idx", [-1, 3])
+def test_backward_task_layouts_agree_and_token_tasks_scale_with_tokens(padding_idx, monkeypatch):
+    """The per-token task layout (the CPU's when tokens < vocabulary rows) gives bitwise the per-row layout's
+    result, long runs and the padding row included, and launches tasks in proportion to the tokens."""
+    if DEVICE != "cpu":
+        pytest.skip("the per-token layout is the CPU interpreter's")
+    num_embeddings = 3000
+    indices = torch.cat([torch.full((40,), 7), torch.tensor([3, 2999, 0, 3, 12, 3])]).to(DEVICE)  # a long run of 7
+    indices = indices[torch.randperm(indices.numel(), device=DEVICE)].reshape(2, 23)
+    grad_out = randn((2, 23, 9), torch.bfloat16)
+    tasks = []
+    kernel = embedding_kernels._embedding_bwd_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                tasks.append(args[5])  # n_tasks
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(embedding_kernels, "_embedding_bwd_kernel", Recording())
+    by_token = embedding_kernels.embedding_backward(grad_out, indices, num_embeddings, padding_idx)
+    monkeypatch.setattr(embedding_kernels, "_tasks_by_token", lambda *args: False)
+    by_row = embedding_kernels.embedding_backward(grad_out, indices, num_embeddings, padding_idx)
+    assert torch.equal(by_token, by_row)
+    expected = torch.zeros(num_embeddings, 9, dtype=torch.float64, device=DEVICE)
+    expected.index_add_(0, indices.reshape(-1), grad_out.reshape(-1, 9).double())
+    if padding_idx >= 0:
+        expected[padding_idx] = 0
+    assert_close(by_token, expected, expected.to(torch.bfloat16))
+    n_col_blocks = tasks[1] // num_embeddings
+    assert tasks == [46 * n_col_blocks, num_embeddings * n_col_blocks]
