@@ -45,7 +45,8 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, flat, grid_stride, program_start, require_launchable
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, flat, grid_stride, interpreter_enabled, program_start,
+                      require_launchable)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -336,11 +337,12 @@ def _sort_keys(flat_indices: torch.Tensor, num_embeddings: int) -> torch.Tensor:
 def _tasks_by_token(device_type: str, n_tokens: int, num_embeddings: int) -> bool:
     """Whether the backward's tasks go over the tokens (after a torch zero-fill) rather than the vocabulary rows.
 
-    Only on the CPU, where the Triton interpreter spends ~1 ms of Python per task whatever the task does: a
-    32000-row vocabulary cost ~60 s per backward for a handful of tokens, now the cost follows the tokens.
-    Compiled kernels (CUDA, Ascend) keep one task per row, each element stored once with no zero-fill pass (the
-    token tasks have not been timed there)."""
-    return device_type == "cpu" and n_tokens < num_embeddings
+    Only where the Triton interpreter runs the kernel (CPU tensors), which spends ~1 ms of Python per task
+    whatever the task does: a 32000-row vocabulary cost ~30-60 s per backward for a handful of tokens; now the
+    cost follows the tokens. Compiled kernels (CUDA, Ascend) keep one task per row, each element stored once
+    with no zero-fill pass (the token tasks have not been timed there). The Ascend compile check runs the
+    launchers on CPU tensors without the interpreter, so it compiles the per-row variant Ascend runs."""
+    return device_type == "cpu" and interpreter_enabled() and n_tokens < num_embeddings
 
 
 def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embeddings: int,
