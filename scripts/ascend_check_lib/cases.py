@@ -72,11 +72,13 @@ def _embedding(vocab, dim, index_shape, index_dtype, padding_idx):
     return build
 
 
-def _tvd(rows, cols, reduction, label_dtype):
+def _tvd(rows, cols, reduction, label_dtype, q_dtype=None):
+    """q_dtype: a teacher's dtype other than p's (fp32 against a half-precision student, say)."""
     def build(dtype):
-        grad = _e(rows, cols, dtype=dtype) if reduction == "none" else torch.ones((), dtype=dtype)
+        loss_dtype = torch.promote_types(dtype, q_dtype or dtype)
+        grad = _e(rows, cols, dtype=loss_dtype) if reduction == "none" else torch.ones((), dtype=loss_dtype)
         labels = None if label_dtype is None else torch.zeros(rows, dtype=label_dtype)
-        return {"p": _e(rows, cols, dtype=dtype), "q": _e(rows, cols, dtype=dtype), "shift_labels": labels,
+        return {"p": _e(rows, cols, dtype=dtype), "q": _e(rows, cols, dtype=q_dtype or dtype), "shift_labels": labels,
                 "reduction": reduction, "ignore_index": -100, "grad_out": grad}
     return build
 
@@ -126,7 +128,8 @@ OPS: List[Op] = [
         Call("bwd-det", "embedding_backward", deterministic=True)]),
     Op("tvd", [Problem("8192x32000 batchmean labels", _tvd(8192, 32000, "batchmean", torch.int64), bench=True),
                Problem("3x1001 none", _tvd(3, 1001, "none", None)),
-               Problem("5x77 sum i32-labels", _tvd(5, 77, "sum", torch.int32))],
+               Problem("5x77 sum i32-labels", _tvd(5, 77, "sum", torch.int32)),
+               Problem("6x1001 batchmean labels q-fp32", _tvd(6, 1001, "batchmean", torch.int64, torch.float32))],
        [Call("fwd", "tvd_forward"), Call("bwd", "tvd_backward"),
         Call("codes", "tvd_backward_from_codes", adapter=_tvd_codes_round_trip)]),
     Op("rope", [Problem("b4 s4096 h32/8 d128", _rope(4, 4096, 32, 8, 128, (1, 4096, 128)), bench=True),
