@@ -148,7 +148,7 @@ def format_cudagraphs(cg: Optional[Dict]) -> str:
     parts = [f"status: {cg.get('status')}", f"mode: {cg.get('mode', '-')}"]
     if "error" in cg:
         parts.append(f"error: {cg['error']}")
-    for key in ("cudagraph_skips", "cudagraph_functions", "loss_err", "grad_err"):
+    for key in ("eager_model_check", "cudagraph_skips", "cudagraph_functions", "loss_err", "grad_err"):
         if key in cg:
             v = cg[key]
             parts.append(f"{key}: {v:.1e}" if isinstance(v, float) else f"{key}: {v}")

@@ -4,14 +4,18 @@ Importing the package defines ``torch.ops.npu_liger.*`` (eager, autograd, ``torc
 and exposes the functional API (``npu_liger.geglu(a, b)``, ...). Nothing here touches a device driver.
 """
 
-from . import nn, registrations, tiling
-from .registrations.embedding import embedding
-from .registrations.geglu import geglu
-from .registrations.llama4_rope import llama4_rope
-from .registrations.qwen2vl_mrope import qwen2vl_mrope
-from .registrations.rope import rope
-from .registrations.swiglu import swiglu
-from .registrations.tvd import tvd
+from ._install import require_triton
+
+require_triton()  # before any kernel file: a missing triton gets an ImportError naming the extra to install
+
+from . import nn, registrations, tiling  # noqa: E402
+from .registrations.embedding import embedding  # noqa: E402
+from .registrations.geglu import geglu  # noqa: E402
+from .registrations.llama4_rope import llama4_rope  # noqa: E402
+from .registrations.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
+from .registrations.rope import rope  # noqa: E402
+from .registrations.swiglu import swiglu  # noqa: E402
+from .registrations.tvd import tvd  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [

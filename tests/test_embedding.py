@@ -68,7 +68,7 @@ def make_weight(num_embeddings, dim, dtype, layout):
 @given(num_embeddings=VOCAB_SIZES, dim=EMBED_DIMS, index_shape=st.lists(INDEX_DIMS, min_size=0, max_size=3),
        index_dtype=st.sampled_from(INDEX_DTYPES), noncontiguous_indices=st.booleans(),
        dtype=st.sampled_from(FLOAT_DTYPES), layout=st.sampled_from(["contiguous", "strided", "transposed"]),
-       distinct=st.sampled_from([1, 3, None]), padding=st.sampled_from([None, "used", "any"]),
+       distinct=st.sampled_from([1, 3, None]), padding=st.sampled_from([None, "used", "any", "negative"]),
        data=st.data())
 def test_matches_reference(num_embeddings, dim, index_shape, index_dtype, noncontiguous_indices, dtype, layout,
                            distinct, padding, data):
@@ -87,6 +87,8 @@ def test_matches_reference(num_embeddings, dim, index_shape, index_dtype, noncon
         padding_idx = int(indices.reshape(-1)[0])
     elif padding == "any":
         padding_idx = data.draw(st.integers(0, num_embeddings - 1), label="padding_idx")
+    elif padding == "negative":  # counted from the end, as F.embedding does
+        padding_idx = int(indices.reshape(-1)[0]) - num_embeddings if indices.numel() else -1
     check_forward_backward(weight, indices, padding_idx)
 
 
@@ -201,11 +203,14 @@ def test_out_of_range_indices_raise_naming_the_value(bad, index_dtype):
         embedding_backward_op(randn((2, 2, 6)), indices, 10, -1)
 
 
+@pytest.mark.parametrize("by_token", [False, True])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, monkeypatch):
+def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, by_token, monkeypatch):
     """With the host check switched off, bad indices touch nothing outside weight: weight is a view into a
-    buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output."""
+    buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output. Both backward task
+    layouts (per vocabulary row, per token)."""
     monkeypatch.setattr(embedding_kernels, "check_index_range", lambda low, high, num_embeddings: None)
+    monkeypatch.setattr(embedding_kernels, "_tasks_by_token", lambda *args: by_token)
     big = 2**31 - 1 if index_dtype == torch.int32 else 2**40
     buffer = torch.full((14, 5), 777.0, device=DEVICE)
     buffer[2:12] = randn((10, 5))
@@ -377,7 +382,10 @@ def _idx(*values):
         (lambda: randn((4, 3)), lambda: [0, 1], -1, TypeError, "indices must be a torch.Tensor"),
         (lambda: randn((4, 3)), lambda: torch.zeros(2, dtype=torch.int64, device="meta"), -1, RuntimeError,
          "indices must be on the device of weight"),
-        (lambda: randn((4, 3)), _idx(0), 4, ValueError, "padding_idx must be < num_embeddings"),
+        (lambda: randn((4, 3)), _idx(0), 4, ValueError, r"padding_idx must be within \[-num_embeddings"),
+        (lambda: randn((4, 3)), _idx(0), -5, ValueError, r"padding_idx must be within .* = \[-4, 4\), got -5"),
+        (lambda: randn((4, 3)), _idx(0), True, TypeError, "padding_idx must be an int or None, got bool"),
+        (lambda: randn((4, 3)), _idx(0), 1.0, TypeError, "padding_idx must be an int or None, got float"),
     ],
 )
 def test_bad_input_raises_clear_error(weight, indices, padding_idx, error, match):
@@ -400,3 +408,68 @@ def test_bad_input_raises_clear_error(weight, indices, padding_idx, error, match
 def test_backward_bad_input_raises_clear_error(grad_out, indices, num_embeddings, padding_idx, error, match):
     with pytest.raises(error, match=match):
         embedding_backward_op(grad_out(), indices(), num_embeddings, padding_idx)
+
+
+@pytest.mark.parametrize("padding_idx", [None, -1, -3, 0, 4])
+def test_padding_idx_follows_torch_everywhere(padding_idx):
+    """The public function, nn.Embedding and the HF patch take torch's padding_idx: None is no padding row,
+    -1 the last row (not "none", which is only the schema's internal sentinel)."""
+    weight = randn((6, 5))
+    indices = torch.tensor([[5, 0, 3], [5, 4, 2]], device=DEVICE)
+    grad_out = randn((2, 3, 5))
+    w_ref = weight.detach().clone().requires_grad_(True)
+    F.embedding(indices, w_ref, padding_idx).backward(grad_out)
+    w_ours = weight.detach().clone().requires_grad_(True)
+    npu_liger.embedding(w_ours, indices, padding_idx).backward(grad_out)
+    assert torch.equal(w_ours.grad, w_ref.grad)
+
+    module = npu_liger.nn.Embedding(6, 5, padding_idx=padding_idx).to(DEVICE)
+    torch_module = torch.nn.Embedding(6, 5, padding_idx=padding_idx).to(DEVICE)
+    assert module.padding_idx == torch_module.padding_idx
+    with torch.no_grad():
+        module.weight.copy_(weight)
+    module(indices).backward(grad_out)
+    assert torch.equal(module.weight.grad, w_ref.grad)
+
+    from npu_liger.transformers import modules
+
+    hf_style = torch.nn.Embedding(6, 5, padding_idx=padding_idx).to(DEVICE)
+    with torch.no_grad():
+        hf_style.weight.copy_(weight)
+    assert modules.patch_embedding(hf_style)
+    hf_style(indices).backward(grad_out)
+    assert torch.equal(hf_style.weight.grad, w_ref.grad)
+
+
+@pytest.mark.parametrize("padding_idx", [-1, 3])
+def test_backward_task_layouts_agree_and_token_tasks_scale_with_tokens(padding_idx, monkeypatch):
+    """The per-token task layout (the CPU's when tokens < vocabulary rows) gives bitwise the per-row layout's
+    result, long runs and the padding row included, and launches tasks in proportion to the tokens."""
+    if DEVICE != "cpu":
+        pytest.skip("the per-token layout is the CPU interpreter's")
+    num_embeddings = 3000
+    indices = torch.cat([torch.full((40,), 7), torch.tensor([3, 2999, 0, 3, 12, 3])]).to(DEVICE)  # a long run of 7
+    indices = indices[torch.randperm(indices.numel(), device=DEVICE)].reshape(2, 23)
+    grad_out = randn((2, 23, 9), torch.bfloat16)
+    tasks = []
+    kernel = embedding_kernels._embedding_bwd_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                tasks.append(args[5])  # n_tasks
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(embedding_kernels, "_embedding_bwd_kernel", Recording())
+    by_token = embedding_kernels.embedding_backward(grad_out, indices, num_embeddings, padding_idx)
+    monkeypatch.setattr(embedding_kernels, "_tasks_by_token", lambda *args: False)
+    by_row = embedding_kernels.embedding_backward(grad_out, indices, num_embeddings, padding_idx)
+    assert torch.equal(by_token, by_row)
+    expected = torch.zeros(num_embeddings, 9, dtype=torch.float64, device=DEVICE)
+    expected.index_add_(0, indices.reshape(-1), grad_out.reshape(-1, 9).double())
+    if padding_idx >= 0:
+        expected[padding_idx] = 0
+    assert_close(by_token, expected, expected.to(torch.bfloat16))
+    n_col_blocks = tasks[1] // num_embeddings
+    assert tasks == [46 * n_col_blocks, num_embeddings * n_col_blocks]

@@ -165,3 +165,20 @@ def test_eager_entry_without_grad_returns_plain_tensor():
     with torch.no_grad():
         out = npu_liger.geglu(a, a.detach())
     assert out.grad_fn is None and not out.requires_grad
+
+
+def test_record_plans_sees_every_launch_with_its_caller():
+    """``npu_liger.tiling.record_plans()``: the supported way to watch launch plans (the demo uses it)."""
+    import npu_liger
+    from npu_liger.tiling import PlanRecord, record_plans
+
+    a = torch.randn(3, 40, device=os.environ.get("NPU_LIGER_TEST_DEVICE", "cpu"))
+    npu_liger.swiglu(a, a)  # outside the block: not recorded
+    with record_plans() as plans, record_plans() as nested:
+        npu_liger.swiglu(a, a)
+        npu_liger.tvd(torch.softmax(a, -1), torch.softmax(a * 2, -1))
+    npu_liger.swiglu(a, a)
+    assert all(isinstance(r, PlanRecord) for r in plans) and plans == nested
+    callers = [r.caller for r in plans]
+    assert callers[0].startswith("npu_liger.npu_ops.") and callers[-1] == "npu_liger.npu_ops.tvd.tvd_forward"
+    assert len(plans) == 2 and plans[-1].request.shapes == ((40,),) and plans[-1].device_type == a.device.type

@@ -54,6 +54,24 @@ def _qwen2_vl_rope_op():
     return "qwen2vl_mrope" if "apply_multimodal_rotary_pos_emb" in source else "rope"
 
 
+def _qwen2_5_vl():
+    text = {k: v for k, v in COMMON.items() if k != "head_dim"}
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                  fullatt_block_indexes=[0])
+    config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, bos_token_id=1, eos_token_id=2)
+    return transformers.Qwen2_5_VLForConditionalGeneration(config)
+
+
+def _qwen3_vl():  # interleaved M-RoPE sections
+    text = dict(COMMON, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                         "mrope_interleaved": True})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                  deepstack_visual_indexes=[0])
+    config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, bos_token_id=1, eos_token_id=2)
+    return transformers.Qwen3VLForConditionalGeneration(config)
+
+
 # family -> (builder, the npu_liger forward ops its patched model must run)
 FAMILIES = {
     "llama": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON)), ("swiglu", "rope")),
@@ -66,6 +84,8 @@ FAMILIES = {
     "gemma3": (lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**COMMON, sliding_window=4)),
                ("geglu", "rope")),
     "qwen2_vl": (_qwen2_vl, ("swiglu", _qwen2_vl_rope_op())),
+    **({"qwen2_5_vl": (_qwen2_5_vl, ("swiglu", "rope")), "qwen3_vl": (_qwen3_vl, ("swiglu", "rope"))}
+       if hasattr(transformers, "Qwen3VLConfig") else {}),  # 5.x only
     "llama4": (lambda: transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
         **COMMON, intermediate_size_mlp=48, num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2)),
         ("swiglu", "llama4_rope")),

@@ -1,4 +1,4 @@
-"""Conformance of npu_liger.tiling to the seed UB-manager specification (shared/seed/ub-manager-design.md)."""
+"""Conformance of npu_liger.tiling to the seed UB-manager specification (docs/UB_MANAGER.md)."""
 
 import sys
 import types

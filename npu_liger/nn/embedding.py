@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..registrations.embedding import embedding
+from ..registrations.embedding import embedding, schema_padding_idx
 
 __all__ = ["Embedding"]
 
@@ -19,11 +19,8 @@ class Embedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None,
                  device=None, dtype=None):
         super().__init__()
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"padding_idx must be within [-num_embeddings, num_embeddings) = "
-                                 f"[{-num_embeddings}, {num_embeddings}), got {padding_idx}")
-            padding_idx = padding_idx % num_embeddings
+        if padding_idx is not None:  # stored as nn.Embedding does: in [0, num_embeddings)
+            padding_idx = schema_padding_idx(padding_idx, num_embeddings)
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx

@@ -1,6 +1,6 @@
 """What every kernel file shares: portable math helpers and the checks a launcher runs before launching.
 
-Portability rules (DESIGN.md §3): 1-D grids with stride loops, fp32 arithmetic inside kernels and a cast on
+Portability rules (docs/DESIGN.md, section 3): 1-D grids with stride loops, fp32 arithmetic inside kernels and a cast on
 store, int64 offsets, no fp64/fp8, masks for padded extents, and math through the helpers below rather
 than ``tl.math``/``libdevice`` names that differ between community Triton and triton-ascend (write tanh as
 ``2 * tl.sigmoid(2 * x) - 1``, or better, rearrange so the sigmoid is used directly).

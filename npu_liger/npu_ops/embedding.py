@@ -16,7 +16,10 @@ zeros when no token names the row (or it is the padding row). Runs longer than L
 tokens) are left to ``_embedding_bwd_long_kernel``, which sums each of them over narrow column blocks, many
 gradient rows per step, so a hot row is summed by many programs at once. So grad_weight (V x D) is written
 exactly once: no zero-fill pass, no (V, D) fp32 buffer, no atomics, no cast pass, no host sync for the number
-of distinct rows, and bitwise-identical results from run to run. The fp32 sums keep many small updates to one
+of distinct rows, and bitwise-identical results from run to run. On the CPU (the Triton interpreter, ~1 ms of
+Python per task) the tasks go over the sorted tokens instead when there are fewer tokens than rows: the task
+at the start of each run owns its row, grad_weight is zero-filled by torch first, and the cost follows the
+tokens, not V (``_tasks_by_token``; same sums, bitwise). The fp32 sums keep many small updates to one
 bf16/fp16 row (bf16 arithmetic would stall at 256 when adding 1.0 a thousand times).
 
 Out-of-range indices (outside [0, V)): a Triton kernel cannot raise, so the launchers check the index range on
@@ -42,7 +45,8 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, flat, grid_stride, program_start, require_launchable
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, flat, grid_stride, interpreter_enabled, program_start,
+                      require_launchable)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -95,20 +99,35 @@ def _embedding_fwd_kernel(weight_ptr, indices_ptr, out_ptr, n_tokens, num_embedd
 
 
 @triton.jit
-def _embedding_bwd_kernel(grad_out_ptr, order_ptr, row_bounds_ptr, grad_weight_ptr, n_tasks, n_col_blocks, dim,
-                          padding_idx, long_run, stride_gn, stride_gd, BLOCK_K: tl.constexpr,
-                          BLOCK_D: tl.constexpr):
+def _embedding_bwd_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, row_bounds_ptr, grad_weight_ptr, n_tasks,
+                          n_col_blocks, num_embeddings, dim, padding_idx, long_run, stride_gn, stride_gd,
+                          BY_TOKEN: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """Task = (row of grad_weight, column block): sum grad_out over the row's run of tokens
     (``order[row_bounds[row]:row_bounds[row + 1]]``, token order) in fp32 and store the block once -- zeros for
     a row no token names, or the padding row. Runs longer than ``long_run`` are skipped here: the long-run
-    kernel owns them. Every element of grad_weight is written by exactly one task of the two kernels."""
+    kernel owns them. Every element of grad_weight is written by exactly one task of the two kernels.
+
+    BY_TOKEN: tasks are (sorted position, column block) instead, so their number scales with the tokens, not
+    the vocabulary; the task at the first position of a run owns that run's row, the others do nothing, and
+    grad_weight was zero-filled beforehand (rows no token names are never visited)."""
     for task in tl.range(program_start(1), n_tasks, grid_stride(1)):
-        row = task // n_col_blocks
+        slot = task // n_col_blocks
         col_block = task % n_col_blocks
-        run_start = tl.load(row_bounds_ptr + row)
-        run_end = tl.load(row_bounds_ptr + row + 1)
-        run_end = tl.where(row == padding_idx, run_start, run_end)  # the padding row sums nothing
-        if run_end - run_start <= long_run:
+        if BY_TOKEN:
+            row = tl.load(sorted_rows_ptr + slot).to(tl.int64)
+            in_range = (row >= 0) & (row < num_embeddings)
+            row = tl.where(in_range, row, 0)  # an out-of-range index: read in bounds, own nothing
+            run_start = tl.load(row_bounds_ptr + row)
+            run_end = tl.load(row_bounds_ptr + row + 1)
+            run_end = tl.where(row == padding_idx, run_start, run_end)  # the padding row sums nothing
+            todo = in_range & (run_start == slot) & (run_end - run_start <= long_run)
+        else:
+            row = slot
+            run_start = tl.load(row_bounds_ptr + row)
+            run_end = tl.load(row_bounds_ptr + row + 1)
+            run_end = tl.where(row == padding_idx, run_start, run_end)  # the padding row sums nothing
+            todo = run_end - run_start <= long_run
+        if todo:
             cols = (col_block * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
             col_mask = cols < dim
             acc = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -315,6 +334,17 @@ def _sort_keys(flat_indices: torch.Tensor, num_embeddings: int) -> torch.Tensor:
     return flat_indices.clamp(-1, num_embeddings).to(torch.int32)
 
 
+def _tasks_by_token(device_type: str, n_tokens: int, num_embeddings: int) -> bool:
+    """Whether the backward's tasks go over the tokens (after a torch zero-fill) rather than the vocabulary rows.
+
+    Only where the Triton interpreter runs the kernel (CPU tensors), which spends ~1 ms of Python per task
+    whatever the task does: a 32000-row vocabulary cost ~30-60 s per backward for a handful of tokens; now the
+    cost follows the tokens. Compiled kernels (CUDA, Ascend) keep one task per row, each element stored once
+    with no zero-fill pass (the token tasks have not been timed there). The Ascend compile check runs the
+    launchers on CPU tensors without the interpreter, so it compiles the per-row variant Ascend runs."""
+    return device_type == "cpu" and interpreter_enabled() and n_tokens < num_embeddings
+
+
 def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embeddings: int,
                        padding_idx: int = -1) -> torch.Tensor:
     """grad_weight (num_embeddings, D) in grad_out's dtype, each element written once; deterministic."""
@@ -340,10 +370,14 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
         plan = _backward_plan(device.type, dim)
         block_k, block_d = plan.tiles[0]
         n_col_blocks = triton.cdiv(dim, block_d)
-        n_tasks = num_embeddings * n_col_blocks
+        by_token = _tasks_by_token(device.type, n, num_embeddings)
+        if by_token:
+            grad_weight.zero_()  # rows no token names are never visited
+        n_tasks = (n if by_token else num_embeddings) * n_col_blocks
         _embedding_bwd_kernel[(plan.grid(n_tasks),)](
-            grad_2d, order, row_bounds, grad_weight, n_tasks, n_col_blocks, dim, padding, LONG_RUN,
-            grad_2d.stride(0), grad_2d.stride(1), BLOCK_K=block_k, BLOCK_D=block_d, **plan.launch_options()
+            grad_2d, sorted_rows, order, row_bounds, grad_weight, n_tasks, n_col_blocks, num_embeddings, dim,
+            padding, LONG_RUN, grad_2d.stride(0), grad_2d.stride(1), BY_TOKEN=by_token, BLOCK_K=block_k,
+            BLOCK_D=block_d, **plan.launch_options()
         )
         if n > LONG_RUN:  # else no run can be long
             plan = _backward_plan(device.type, dim, long_runs=True)

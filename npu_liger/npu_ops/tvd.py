@@ -5,8 +5,10 @@
     mean      -> sum / (valid rows * V)     (0 when no row is valid)
     batchmean -> sum / valid rows           (0 when no row is valid)
 
-Scalar reductions accumulate in fp32 and return a 0-d tensor in p's dtype (what the loss is in elsewhere in a
-half-precision model; the fp32 accumulation keeps the sum itself accurate).
+p and q may differ in dtype (fp32, fp16, bf16 in any mix, as Liger-Kernel allows: a bf16 student against an
+fp32 teacher); the math is fp32 either way. The loss is in ``torch.promote_types(p.dtype, q.dtype)`` (p's dtype
+when they agree: what the loss is in elsewhere in a half-precision model); scalar reductions accumulate in
+fp32. grad_p is in p's dtype and grad_q in q's.
 
 Two passes and no host synchronisation: a Triton row kernel writes either the elementwise output or one fp32
 partial sum per row; the scalar is then ``row_sums.sum() / divisor`` in torch, the divisor counted on the
@@ -40,7 +42,7 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, check_same_layout, grid_stride, program_start, require_launchable
+from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, program_start, require_launchable
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 LABEL_DTYPES = (torch.int32, torch.int64)
@@ -178,13 +180,21 @@ def _tvd_bwd_codes_kernel(grad_ptr, codes_ptr, grad_p_ptr, grad_q_ptr, n_tasks, 
         tl.store(grad_q_ptr + offsets, (-grad_p).to(grad_q_ptr.dtype.element_ty), mask=mask)
 
 
+def loss_dtype(p: torch.Tensor, q: torch.Tensor) -> torch.dtype:
+    """The dtype of the loss (and of its incoming gradient): p's and q's promoted, p's when they agree."""
+    return torch.promote_types(p.dtype, q.dtype)
+
+
 def check_tvd_inputs(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.Tensor], reduction: str,
                      ignore_index: int) -> None:
     check_float_tensor("p", p)
-    check_float_tensor("q", q)
+    check_float_tensor("q", q)  # any supported dtype: it need not be p's
     if p.dim() != 2:
         raise ValueError(f"p must be 2-D (BT, V), got shape {tuple(p.shape)}")
-    check_same_layout("q", q, "p", p)
+    if q.shape != p.shape:
+        raise ValueError(f"q must have the shape of p {tuple(p.shape)}, got {tuple(q.shape)}")
+    if q.device != p.device:
+        raise RuntimeError(f"q must be on the device of p ({p.device}), got {q.device}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, torch.SymInt)):
@@ -202,19 +212,20 @@ def check_tvd_inputs(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[to
         raise RuntimeError(f"shift_labels must be on the device of p ({p.device}), got {shift_labels.device}")
 
 
-def check_tvd_grad(grad_out: torch.Tensor, p: torch.Tensor, reduction: str) -> None:
+def check_tvd_grad(grad_out: torch.Tensor, shape: torch.Size, device: torch.device, reduction: str,
+                   dtype: torch.dtype) -> None:
+    """``shape``, ``device``: p's; ``dtype``: the loss's (``loss_dtype(p, q)``)."""
     check_float_tensor("grad_out", grad_out)
-    if reduction == "none":
-        check_same_layout("grad_out", grad_out, "p", p)
-        return
-    if grad_out.dim() != 0:
+    if reduction == "none" and grad_out.shape != shape:
+        raise ValueError(f"grad_out must have the shape of p {tuple(shape)}, got {tuple(grad_out.shape)}")
+    if reduction != "none" and grad_out.dim() != 0:
         raise ValueError(
             f"grad_out must be a 0-d tensor for reduction={reduction!r}, got shape {tuple(grad_out.shape)}"
         )
-    if grad_out.dtype != p.dtype:
-        raise TypeError(f"grad_out must have the dtype of p ({p.dtype}), got {grad_out.dtype}")
-    if grad_out.device != p.device:
-        raise RuntimeError(f"grad_out must be on the device of p ({p.device}), got {grad_out.device}")
+    if grad_out.dtype != dtype:
+        raise TypeError(f"grad_out must have the dtype of the loss ({dtype}), got {grad_out.dtype}")
+    if grad_out.device != device:
+        raise RuntimeError(f"grad_out must be on the device of p ({device}), got {grad_out.device}")
 
 
 def _request(n_cols: int, memory_multiplier: float) -> TileRequest:
@@ -259,7 +270,7 @@ def tvd_forward(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.T
     n_rows, n_cols = p.shape
     elementwise = reduction == "none"
     if elementwise:
-        out = torch.empty((n_rows, n_cols), dtype=p.dtype, device=p.device)
+        out = torch.empty((n_rows, n_cols), dtype=loss_dtype(p, q), device=p.device)
         row_sums = out  # never written: ELEMENTWISE is on
     else:
         alloc = torch.empty if p.numel() > 0 else torch.zeros  # V == 0: the kernel is skipped, rows sum to 0
@@ -268,8 +279,9 @@ def tvd_forward(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.T
     codes, quarter = None, 1
     if p.numel() > 0:
         require_launchable(p.device)
+        any_fp32 = torch.float32 in (p.dtype, q.dtype)
         multiplier = (FORWARD_CODES_MEMORY_MULTIPLIER if save_codes else
-                      FORWARD_MEMORY_MULTIPLIER_FP32 if p.dtype == torch.float32 else FORWARD_MEMORY_MULTIPLIER)
+                      FORWARD_MEMORY_MULTIPLIER_FP32 if any_fp32 else FORWARD_MEMORY_MULTIPLIER)
         plan = plan_launch(p.device.type, _request(n_cols, multiplier))
         quarter = _quarter(plan.block)
         codes = row_sums  # never written: SAVE_CODES is off
@@ -283,19 +295,20 @@ def tvd_forward(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.T
             ELEMENTWISE=elementwise, SAVE_CODES=save_codes, QUARTER=quarter, **plan.launch_options()
         )
     divisor = None if elementwise else _divisor(shift_labels, reduction, ignore_index, n_rows, n_cols)
-    loss = out if elementwise else (row_sums.sum() / divisor).to(p.dtype)
+    loss = out if elementwise else (row_sums.sum() / divisor).to(loss_dtype(p, q))
     if not save_codes:
         return loss
     return loss, TvdCodes(codes if p.numel() > 0 else None, quarter, divisor, shift_labels is not None)
 
 
 def tvd_backward_from_codes(grad_out: torch.Tensor, saved: TvdCodes, n_rows: int, n_cols: int,
-                            dtype: torch.dtype, reduction: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """grad_p, grad_q from what ``tvd_forward(..., save_codes=True)`` saved (bitwise the same as
-    ``tvd_backward``); p, q and the labels are not needed."""
+                            p_dtype: torch.dtype, q_dtype: torch.dtype,
+                            reduction: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """grad_p, grad_q (in p's and q's dtypes) from what ``tvd_forward(..., save_codes=True)`` saved (bitwise the
+    same as ``tvd_backward``); p, q and the labels are not needed."""
     device = grad_out.device
-    grad_p = torch.empty((n_rows, n_cols), dtype=dtype, device=device)
-    grad_q = torch.empty((n_rows, n_cols), dtype=dtype, device=device)
+    grad_p = torch.empty((n_rows, n_cols), dtype=p_dtype, device=device)
+    grad_q = torch.empty((n_rows, n_cols), dtype=q_dtype, device=device)
     codes = saved.codes
     if codes is None:
         return grad_p, grad_q
@@ -321,10 +334,10 @@ def tvd_backward_from_codes(grad_out: torch.Tensor, saved: TvdCodes, n_rows: int
 def tvd_backward(grad_out: torch.Tensor, p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.Tensor],
                  reduction: str, ignore_index: int) -> Tuple[torch.Tensor, torch.Tensor]:
     check_tvd_inputs(p, q, shift_labels, reduction, ignore_index)
-    check_tvd_grad(grad_out, p, reduction)
+    check_tvd_grad(grad_out, p.shape, p.device, reduction, loss_dtype(p, q))
     n_rows, n_cols = p.shape
     grad_p = torch.empty((n_rows, n_cols), dtype=p.dtype, device=p.device)
-    grad_q = torch.empty((n_rows, n_cols), dtype=p.dtype, device=p.device)
+    grad_q = torch.empty((n_rows, n_cols), dtype=q.dtype, device=p.device)
     if p.numel() == 0:
         return grad_p, grad_q
     require_launchable(p.device)

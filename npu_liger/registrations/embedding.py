@@ -1,9 +1,11 @@
 """npu_liger::embedding and npu_liger::embedding_backward: schema -> fake -> device kernels -> autograd.
 
-padding_idx convention of the op: any negative value (the schema default is -1) means "no padding row";
-0 <= padding_idx < num_embeddings names the row that gets no gradient. (``F.embedding`` counts a negative
-padding_idx from the end instead; ``npu_liger.nn.Embedding`` does that normalisation, as ``nn.Embedding`` does,
-before calling the op.) Gradients flow to weight only; indices are integers and get none.
+padding_idx has two conventions, translated in one place (``schema_padding_idx``):
+- the public function, ``nn.Embedding`` and the HF embedding patch follow torch: None means no padding row and a
+  negative value counts from the end (``F.embedding``);
+- the op's schema takes a plain int: any negative value (the default is -1) means "no padding row" and
+  0 <= padding_idx < num_embeddings names the row that gets no gradient.
+Gradients flow to weight only; indices are integers and get none.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ..npu_ops.embedding import (check_embedding_backward_inputs, check_embeddin
                                  embedding_forward)
 from ._op import define_autograd, define_op, forbid_double_backward
 
-__all__ = ["embedding"]
+__all__ = ["embedding"]  # schema_padding_idx is shared with nn.Embedding and the HF patch, not public API
 
 
 def _embedding_fake(weight, indices, padding_idx=-1):
@@ -61,9 +63,26 @@ _embedding_entry = define_autograd(embedding_op, backward=_backward, setup_conte
 forbid_double_backward(embedding_backward_op, "embedding")
 
 
+def schema_padding_idx(padding_idx: Optional[int], num_embeddings: int) -> int:
+    """torch's padding_idx (None: no padding row; negative: counted from the end) as the op's schema value
+    (-1: no padding row; else the row in [0, num_embeddings))."""
+    if padding_idx is None:
+        return -1
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, torch.SymInt)):
+        raise TypeError(f"padding_idx must be an int or None, got {type(padding_idx).__name__}")
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(f"padding_idx must be within [-num_embeddings, num_embeddings) = "
+                         f"[{-num_embeddings}, {num_embeddings}), got {padding_idx}")
+    return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
+
+
 def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: Optional[int] = None) -> torch.Tensor:
     """``F.embedding(indices, weight, padding_idx)`` through ``torch.ops.npu_liger.embedding`` (eager calls skip
-    the dispatcher). Note the argument order (weight first, as in the op). ``padding_idx``: None or any
-    negative value means no padding row (unlike ``F.embedding``, a negative value is not counted from the end).
-    Indices outside [0, num_embeddings) raise ``IndexError``."""
-    return _embedding_entry(weight, indices, -1 if padding_idx is None else padding_idx)
+    the dispatcher). Note the argument order (weight first, as in the op). ``padding_idx`` as in torch: None
+    means no padding row, a negative value counts from the end (-1 is the last row). Indices outside
+    [0, num_embeddings) raise ``IndexError``."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (num_embeddings, embedding_dim), got shape {tuple(weight.shape)}")
+    return _embedding_entry(weight, indices, schema_padding_idx(padding_idx, weight.shape[0]))

@@ -15,8 +15,9 @@ from typing import Optional
 
 import torch
 
-from ..npu_ops.tvd import check_tvd_grad, check_tvd_inputs, tvd_backward, tvd_backward_from_codes, tvd_forward
 from ..npu_ops._triton import serialized
+from ..npu_ops.tvd import (check_tvd_grad, check_tvd_inputs, loss_dtype, tvd_backward, tvd_backward_from_codes,
+                           tvd_forward)
 from ._op import define_autograd, define_op, eager_call_allowed, forbid_double_backward
 
 __all__ = ["tvd"]
@@ -25,13 +26,13 @@ __all__ = ["tvd"]
 def _tvd_fake(p, q, shift_labels=None, reduction="batchmean", ignore_index=-100):
     check_tvd_inputs(p, q, shift_labels, reduction, ignore_index)
     shape = p.shape if reduction == "none" else ()
-    return torch.empty(shape, dtype=p.dtype, device=p.device)
+    return torch.empty(shape, dtype=loss_dtype(p, q), device=p.device)
 
 
 def _tvd_backward_fake(grad_out, p, q, shift_labels, reduction, ignore_index):
     check_tvd_inputs(p, q, shift_labels, reduction, ignore_index)
-    check_tvd_grad(grad_out, p, reduction)
-    return (torch.empty(p.shape, dtype=p.dtype, device=p.device), torch.empty(p.shape, dtype=p.dtype, device=p.device))
+    check_tvd_grad(grad_out, p.shape, p.device, reduction, loss_dtype(p, q))
+    return (torch.empty(p.shape, dtype=p.dtype, device=p.device), torch.empty(p.shape, dtype=q.dtype, device=p.device))
 
 
 tvd_op = define_op(
@@ -47,9 +48,16 @@ tvd_backward_op = define_op(
 )
 
 
+def _saveable(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Autograd refuses to save inference-mode tensors (a teacher's q made under ``torch.inference_mode()``, say).
+    The backward needs their values, not their identity, so those are saved as a plain copy; torch's own
+    ``(p - q).abs()`` saves a new tensor (p - q) the same way."""
+    return tensor.clone() if tensor is not None and tensor.is_inference() else tensor
+
+
 def _setup_context(ctx, inputs, output):
     p, q, shift_labels, reduction, ignore_index = inputs
-    ctx.save_for_backward(p, q, shift_labels)
+    ctx.save_for_backward(_saveable(p), _saveable(q), _saveable(shift_labels))
     ctx.reduction = reduction
     ctx.ignore_index = ignore_index
 
@@ -72,20 +80,27 @@ class TvdCodesEager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, p, q, shift_labels, reduction, ignore_index):
         loss, saved = _forward_with_codes(p, q, shift_labels, reduction, ignore_index, save_codes=True)
-        # p and q are kept (references, no copy) only for a create_graph backward, which goes through the op.
-        ctx.save_for_backward(p, q, shift_labels, saved.codes)  # the codes go as a saved tensor (freed after use)
+        # p, q and the labels are kept (references, no copy) only for a create_graph backward, which goes through
+        # the op; autograd cannot keep inference-mode tensors, and those are not copied for so rare a case
+        # (the backward then computes from the codes, which gives the same gradients without a graph).
+        keep = not any(t is not None and t.is_inference() for t in (p, q, shift_labels))
+        inputs = (p, q, shift_labels) if keep else (None, None, None)
+        ctx.save_for_backward(*inputs, saved.codes)  # the codes go as a saved tensor (freed after use)
         ctx.saved, ctx.reduction, ctx.ignore_index = saved._replace(codes=None), reduction, ignore_index
+        ctx.shape, ctx.device, ctx.p_dtype, ctx.q_dtype = p.shape, p.device, p.dtype, q.dtype
+        ctx.loss_dtype = loss.dtype
         return loss
 
     @staticmethod
     def backward(ctx, grad_out):
         p, q, shift_labels, codes = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: the op, whose own backward forbids double backward
+        if torch.is_grad_enabled() and p is not None:  # create_graph=True: the op, which forbids double backward
             grad_p, grad_q = tvd_backward_op(grad_out, p, q, shift_labels, ctx.reduction, ctx.ignore_index)
         else:
-            check_tvd_grad(grad_out, p, ctx.reduction)
+            check_tvd_grad(grad_out, ctx.shape, ctx.device, ctx.reduction, ctx.loss_dtype)
             saved = ctx.saved._replace(codes=codes)
-            grad_p, grad_q = _backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, ctx.reduction)
+            grad_p, grad_q = _backward_from_codes(grad_out, saved, *ctx.shape, ctx.p_dtype, ctx.q_dtype,
+                                                  ctx.reduction)
         return grad_p, grad_q, None, None, None
 
 
@@ -101,7 +116,9 @@ def tvd(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.Tensor] =
 
     Rows whose ``shift_labels`` entry equals ``ignore_index`` count for nothing. ``reduction``: ``"none"`` (BT, V),
     ``"sum"``, ``"mean"`` (over valid elements) or ``"batchmean"`` (over valid rows); scalar results are
-    accumulated in fp32 and returned in p's dtype; no valid row gives 0.
+    accumulated in fp32; no valid row gives 0. p and q may differ in dtype (any of fp32, fp16, bf16: a bf16
+    student and an fp32 teacher, say): the math is fp32, the loss is in their promoted dtype, each gradient in
+    its input's dtype. Either may be an inference-mode tensor (e.g. a teacher's output).
     """
     if _codes_path(p, q, shift_labels):
         return TvdCodesEager.apply(p, q, shift_labels, reduction, ignore_index)

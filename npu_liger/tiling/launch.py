@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple
 
@@ -82,11 +83,13 @@ def backend_of(device_type: str) -> str:
 
 @dataclass(frozen=True)
 class PlanRecord:
-    """One ``plan_launch`` call seen by ``record_plans()``: what the kernel asked for and what it got."""
+    """One ``plan_launch`` call seen by ``record_plans()``: who asked (``caller``: the launcher's module and
+    function, e.g. ``"npu_liger.npu_ops.tvd.tvd_forward"``), what it asked for and what it got."""
 
     device_type: str
     request: TileRequest
     plan: LaunchPlan
+    caller: str = "?"
 
 
 _recorders: List[List[PlanRecord]] = []  # the lists of the active record_plans() blocks
@@ -98,7 +101,7 @@ def record_plans() -> Iterator[List[PlanRecord]]:
 
         with npu_liger.tiling.record_plans() as plans:
             model(x)
-        for record in plans: print(record.request.shapes, "->", record.plan.tiles)
+        for record in plans: print(record.caller, record.request.shapes, "->", record.plan.tiles)
     """
     records: List[PlanRecord] = []
     _recorders.append(records)
@@ -118,9 +121,11 @@ def plan_launch(device_type: str, request: TileRequest) -> LaunchPlan:
     else:
         manager = get_ub_manager()
         plan = _plan_ascend(request, "npu", manager.npu_model, manager.ub_capacity_bits, npu_vector_core_count())
-    if _recorders:
+    if _recorders:  # the only cost when nobody records
+        frame = sys._getframe(1)
+        caller = f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}"
         for records in _recorders:
-            records.append(PlanRecord(device_type, request, plan))
+            records.append(PlanRecord(device_type, request, plan, caller))
     return plan
 
 

@@ -7,7 +7,8 @@
     model = torch.compile(model, fullgraph=True)  # the ops are opaque graph nodes; no graph breaks
     nlt.unpatch(model); nlt.revert()              # and back
 
-Families: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 (text), Qwen2-VL (text model), Llama-4 (text).
+Families: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 (text), Qwen2-VL, Qwen2.5-VL and Qwen3-VL (text
+models), Llama-4 (text).
 Drop-in functions with transformers' signatures: ``apply_rotary_pos_emb``, ``apply_multimodal_rotary_pos_emb``
 (Qwen2-VL), ``apply_rotary_emb`` (Llama-4). ``count_npu_liger_ops()`` shows which ops really ran.
 
@@ -42,6 +43,8 @@ apply_npu_liger_to_gemma = _family_patcher("gemma", "Gemma")
 apply_npu_liger_to_gemma2 = _family_patcher("gemma2", "Gemma2")
 apply_npu_liger_to_gemma3 = _family_patcher("gemma3", "Gemma3 (text model)")
 apply_npu_liger_to_qwen2_vl = _family_patcher("qwen2_vl", "Qwen2-VL (text model)")
+apply_npu_liger_to_qwen2_5_vl = _family_patcher("qwen2_5_vl", "Qwen2.5-VL (text model)")
+apply_npu_liger_to_qwen3_vl = _family_patcher("qwen3_vl", "Qwen3-VL (text model)")
 apply_npu_liger_to_llama4 = _family_patcher("llama4", "Llama-4 (text model)")
 
 __all__ = [

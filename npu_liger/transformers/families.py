@@ -4,9 +4,11 @@ Per family: the transformers modeling module; the config attribute naming the ML
 model classes (hooked by the ``apply_npu_liger_to_<family>()`` functions so models built afterwards are
 patched as they are constructed); the gated-MLP and stacked-experts classes (patched per instance); and the
 module-level rotary functions the attention layers look up at call time, with their drop-ins and ops.
-Only names present in the installed transformers are touched (Qwen2-VL's text attention calls
-``apply_multimodal_rotary_pos_emb`` in 4.x and, with the M-RoPE sections merged by its rotary module, the plain
-``apply_rotary_pos_emb`` in 5.x: both are covered).
+Only names present in the installed transformers are touched. Qwen2-VL's text attention calls
+``apply_multimodal_rotary_pos_emb`` in 4.x (-> the ``qwen2vl_mrope`` op) and, in 5.x, the plain
+``apply_rotary_pos_emb`` on cos/sin whose M-RoPE sections its rotary module has already merged (-> ``rope``,
+the same arithmetic; docs/DESIGN.md explains why ``qwen2vl_mrope`` is not used there). Qwen2.5-VL and Qwen3-VL
+(5.x) work the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional, Tuple
 
+from .. import _install
 from . import _patching, rope
 
 # (function name in the modeling module, drop-in, npu_liger op, a fragment of transformers' source for it
@@ -43,8 +46,7 @@ class Family:
         try:
             import transformers  # noqa: F401
         except ImportError as error:
-            raise ImportError("npu_liger.transformers patches Hugging Face transformers models, which is not "
-                              "installed: pip install 'npu-liger[hf]'") from error
+            raise ImportError(_install.TRANSFORMERS_HINT) from error
         return importlib.import_module(self.module)
 
 
@@ -63,6 +65,10 @@ FAMILIES = {
         _family("gemma2", "Gemma2Model", "Gemma2MLP", act_attr="hidden_activation"),
         _family("gemma3", "Gemma3TextModel", "Gemma3MLP", act_attr="hidden_activation"),
         _family("qwen2_vl", "Qwen2VLTextModel", "Qwen2MLP", rope=PLAIN_ROPE + MROPE),
+        # 5.x only: their rotary modules merge the M-RoPE sections into cos/sin (Qwen3-VL interleaved), and
+        # the text attention calls the plain apply_rotary_pos_emb (docs/DESIGN.md, "M-RoPE on transformers 5.x")
+        _family("qwen2_5_vl", "Qwen2_5_VLTextModel", "Qwen2MLP"),
+        _family("qwen3_vl", "Qwen3VLTextModel", "Qwen3VLTextMLP"),
         _family("llama4", "Llama4TextModel", "Llama4TextMLP", expert_classes=("Llama4TextExperts",),
                 rope=LLAMA4_ROPE),
     )

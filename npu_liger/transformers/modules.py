@@ -141,14 +141,12 @@ def patch_experts(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
 
 
 def _embedding_forward(self, input_ids):
-    padding_idx = -1 if self.padding_idx is None else self.padding_idx
-    return npu_liger.embedding(self.weight, input_ids, padding_idx)
+    return npu_liger.embedding(self.weight, input_ids, self.padding_idx)  # torch's padding_idx convention
 
 
 def _scaled_embedding_forward(self, input_ids):
     """Gemma's ``*TextScaledWordEmbedding``: the lookup times ``embed_scale`` (cast as transformers does)."""
-    padding_idx = -1 if self.padding_idx is None else self.padding_idx
-    out = npu_liger.embedding(self.weight, input_ids, padding_idx)
+    out = npu_liger.embedding(self.weight, input_ids, self.padding_idx)
     return out * self.embed_scale.to(self.weight.dtype)
 
 

@@ -1,4 +1,4 @@
-"""The case table: every op of DESIGN.md section 4 x representative problem sizes (the benchmark shapes and small
+"""The case table: every op of docs/DESIGN.md section 4 x representative problem sizes (the benchmark shapes and small
 odd ones). Inputs are named as in the op contracts and handed to ``npu_liger.npu_ops.<op>.<op>_forward`` /
 ``<op>_backward`` by parameter name, so the table does not depend on argument order.
 
@@ -70,11 +70,13 @@ def _embedding(vocab, dim, index_shape, index_dtype, padding_idx):
     return build
 
 
-def _tvd(rows, cols, reduction, label_dtype):
+def _tvd(rows, cols, reduction, label_dtype, q_dtype=None):
+    """q_dtype: a teacher's dtype other than p's (fp32 against a half-precision student, say)."""
     def build(dtype):
-        grad = _e(rows, cols, dtype=dtype) if reduction == "none" else torch.ones((), dtype=dtype)
+        loss_dtype = torch.promote_types(dtype, q_dtype or dtype)
+        grad = _e(rows, cols, dtype=loss_dtype) if reduction == "none" else torch.ones((), dtype=loss_dtype)
         labels = None if label_dtype is None else torch.zeros(rows, dtype=label_dtype)
-        return {"p": _e(rows, cols, dtype=dtype), "q": _e(rows, cols, dtype=dtype), "shift_labels": labels,
+        return {"p": _e(rows, cols, dtype=dtype), "q": _e(rows, cols, dtype=q_dtype or dtype), "shift_labels": labels,
                 "reduction": reduction, "ignore_index": -100, "grad_out": grad}
     return build
 
@@ -83,7 +85,7 @@ def _tvd_codes_round_trip(tvd):
     """The eager training path: forward storing sign codes, then the backward from those codes."""
     def tvd_codes_round_trip(p, q, shift_labels, reduction, ignore_index, grad_out):
         _, saved = tvd.tvd_forward(p, q, shift_labels, reduction, ignore_index, save_codes=True)
-        tvd.tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, reduction)
+        tvd.tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, q.dtype, reduction)
     return tvd_codes_round_trip
 
 
@@ -122,7 +124,8 @@ OPS: List[Op] = [
         Problem("V1001 D129 3x5tok i32 pad0", _embedding(1001, 129, (3, 5), torch.int32, 0))]),
     Op("tvd", [Problem("8192x32000 batchmean labels", _tvd(8192, 32000, "batchmean", torch.int64), bench=True),
                Problem("3x1001 none", _tvd(3, 1001, "none", None)),
-               Problem("5x77 sum i32-labels", _tvd(5, 77, "sum", torch.int32))],
+               Problem("5x77 sum i32-labels", _tvd(5, 77, "sum", torch.int32)),
+               Problem("6x1001 batchmean labels q-fp32", _tvd(6, 1001, "batchmean", torch.int64, torch.float32))],
        [Call("fwd", "tvd_forward"), Call("bwd", "tvd_backward"),
         Call("codes", "tvd_backward_from_codes", adapter=_tvd_codes_round_trip)]),
     Op("rope", [Problem("b4 s4096 h32/8 d128", _rope(4, 4096, 32, 8, 128, (1, 4096, 128)), bench=True),
