@@ -273,12 +273,16 @@ def rms_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     return _backward(grad_out, x, weight, None, eps, offset, casting_mode)
 
 
-def fused_add_rms_norm_backward(grad_normed: torch.Tensor, grad_sum: Optional[torch.Tensor], s: torch.Tensor,
-                                weight: torch.Tensor, eps: float, offset: float,
-                                casting_mode: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(gradient of s = the gradient of x and of residual, grad_weight); s is the forward's sum output."""
+def check_fused_add_rms_norm_backward_inputs(grad_normed, grad_sum, s, weight, eps, offset, casting_mode) -> None:
     check_rms_norm_inputs(s, weight, eps, offset, casting_mode)
     check_rms_norm_grad("grad_normed", grad_normed, s, weight, casting_mode)
     if grad_sum is not None:
         check_grad("grad_sum", grad_sum, s.shape, s.dtype, s.device)
+
+
+def fused_add_rms_norm_backward(grad_normed: torch.Tensor, grad_sum: Optional[torch.Tensor], s: torch.Tensor,
+                                weight: torch.Tensor, eps: float, offset: float,
+                                casting_mode: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(gradient of s = the gradient of x and of residual, grad_weight); s is the forward's sum output."""
+    check_fused_add_rms_norm_backward_inputs(grad_normed, grad_sum, s, weight, eps, offset, casting_mode)
     return _backward(grad_normed, s, weight, grad_sum, eps, offset, casting_mode)
