@@ -221,5 +221,4 @@ def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optiona
         x2.stride(0), float(eps), HAS_WEIGHT=weight is not None, WHOLE_ROW=tiles.whole_row,
         BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols, **tiles.options
     )
-    dw, db = partials.sum(1)
-    return dx, dw.to(w_dtype), db.to(b_dtype)
+    return dx, partials[0].sum(0).to(w_dtype), partials[1].sum(0).to(b_dtype)  # two tensors, never views of one

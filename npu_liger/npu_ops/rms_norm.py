@@ -8,7 +8,9 @@ Casting modes reproduce where Hugging Face's modules round (statistics always in
 - ``llama`` (LlamaRMSNorm, Qwen2/3, Mistral, Llama-4): the normalised x is rounded to x's dtype, then multiplied
   by ``offset + weight``; the result has ``promote_types(x, weight)``'s dtype, as ``weight * h.to(dtype)`` has;
 - ``gemma`` (GemmaRMSNorm, Gemma2/3, offset 1): everything in fp32, one rounding to x's dtype at the end;
-- ``none``: x's dtype throughout (rstd, the normalised x and ``offset + weight`` each rounded to x's dtype).
+- ``none``: no upcast of the result: rstd is taken in x's dtype (as arithmetic in x's dtype gives it), the
+  product ``x * rstd * (offset + weight)`` is rounded once, to x's dtype. (Rounding every intermediate as a
+  torch computation in x's dtype would only add error; the kernel's arithmetic is fp32 in every mode.)
 
 Backward, with n = x * rstd and g = dy * (offset + weight):
     dx = rstd * (g - n * mean(g * n))   (+ the sum output's own gradient for fused_add_rms_norm)
@@ -59,17 +61,17 @@ def _rms_scale(x, rstd, w, x_ptr, CASTING: tl.constexpr):
     elif CASTING == GEMMA:
         y = x * rstd * w
     else:
-        y = _round_to(x * _round_to(rstd, x_ptr), x_ptr) * _round_to(w, x_ptr)
+        y = x * _round_to(rstd, x_ptr) * w
     return y
 
 
 @triton.jit
 def _rms_weight_factor(n, x_ptr, CASTING: tl.constexpr):
     """What multiplies the weight in the forward (dW = sum dy * this): n as the casting mode rounded it."""
-    if CASTING == GEMMA:
-        f = n
-    else:
+    if CASTING == LLAMA:
         f = _round_to(n, x_ptr)
+    else:
+        f = n
     return f
 
 
