@@ -343,3 +343,25 @@ def test_modules_load_state_dicts_and_match_the_functions():
         npu_liger.nn.RMSNorm(8, casting_mode="t5")
     with pytest.raises(ValueError, match="normalized_shape"):
         npu_liger.nn.LayerNorm((4, 8))
+
+
+def test_cuda_plan_keeps_whole_rows_and_caps_the_backward_grid(monkeypatch):
+    """The two TileRequest fields the norms use (no GPU needed: the CUDA policy is plain arithmetic)."""
+    from npu_liger.tiling import TileRequest, launch
+
+    launch._plan_cuda.cache_clear()
+    monkeypatch.setattr(launch, "cuda_sm_count", lambda: 132)
+    try:
+        plain = launch.plan_launch("cuda", TileRequest(7.0, ((8192,),), (0,), 4))
+        lifted = launch.plan_launch("cuda", TileRequest(7.0, ((8192,),), (0,), 4, cuda_max_block=16384))
+        assert plain.block < 8192 and lifted.block == 8192 and lifted.num_warps == 8
+        assert launch.plan_launch("cuda", TileRequest(7.0, ((100,),), (0,), 4, cuda_max_block=16384)).block == 128
+        assert lifted.max_programs is None and lifted.grid(10**6) == 10**6
+        capped = launch.plan_launch("cuda", TileRequest(7.0, ((8192,),), (0,), 4, cuda_programs_per_sm=2))
+        assert capped.max_programs == 264 and capped.grid(10**6) == 264
+        # the norms' plan: whole rows up to 16384 on CUDA; narrow rows several per program
+        assert plan_rows("cuda", 16384, 8192, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True).whole_row
+        head = plan_rows("cuda", 4 * 4096 * 32, 128, rms_kernels.FORWARD_MEMORY_MULTIPLIER, False)
+        assert head.whole_row and head.block_rows == 16 and head.grid == 4 * 4096 * 32 // 16
+    finally:
+        launch._plan_cuda.cache_clear()
