@@ -360,7 +360,8 @@ def test_cuda_plan_keeps_whole_rows_and_caps_the_backward_grid(monkeypatch):
         capped = launch.plan_launch("cuda", TileRequest(7.0, ((8192,),), (0,), 4, cuda_programs_per_sm=2))
         assert capped.max_programs == 264 and capped.grid(10**6) == 264
         # the norms' plan: whole rows up to 16384 on CUDA; narrow rows several per program
-        assert plan_rows("cuda", 16384, 8192, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True).whole_row
+        wide = plan_rows("cuda", 16384, 8192, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
+        assert wide.whole_row and wide.block_rows == 1 and wide.grid == 264 and wide.options == {"num_warps": 16}
         head = plan_rows("cuda", 4 * 4096 * 32, 128, rms_kernels.FORWARD_MEMORY_MULTIPLIER, False)
         assert head.whole_row and head.block_rows == 16 and head.grid == 4 * 4096 * 32 // 16
     finally:

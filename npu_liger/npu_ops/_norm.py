@@ -28,6 +28,9 @@ CUDA_WHOLE_ROW_MAX = 16384
 # CUDA backward grid: enough resident programs to hide latency, few enough that the (programs, n_cols) fp32
 # weight-gradient buffer stays small (264 x 8192 x 4 B = 8.6 MB on an H200).
 CUDA_PROGRAMS_PER_SM = 2
+# CUDA warps for a one-row tile of at least this many columns: 16 (32 values of each live tensor per thread at
+# 16384 instead of 64, which would spill).
+CUDA_WIDE_ROW = 8192
 
 
 class RowTiles(NamedTuple):
@@ -51,8 +54,9 @@ def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: flo
     # Whole rows: as many per tile as the budget allows, but with a persistent grid no more than keeps every
     # program busy (8 rows over 40 vector cores must not become one tile of 8).
     wanted = n_rows if cols.max_programs is None else math.ceil(n_rows / cols.max_programs)
+    warps = 16 if block_cols >= CUDA_WIDE_ROW else None  # None: the default rule by tile size
     rows = plan_launch(device_type, TileRequest(memory_multiplier, ((wanted, block_cols),), (0,),
-                                                COMPUTE_DTYPE_SIZE, **cuda))
+                                                COMPUTE_DTYPE_SIZE, cuda_num_warps=warps, **cuda))
     block_rows = rows.block
     return RowTiles(block_rows, block_cols, True, rows.grid(math.ceil(n_rows / block_rows)), rows.launch_options())
 
