@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 import npu_liger
 from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
                        UNIT_ROUNDOFF, assert_unchanged, randn, rel_error, run_opcheck, snapshot)
-from npu_liger.npu_ops import layer_norm as ln_kernels
 from npu_liger.npu_ops import rms_norm as rms_kernels
 from npu_liger.npu_ops._norm import plan_rows
 

@@ -44,7 +44,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out):
     x, weight, bias = ctx.saved_tensors
-    if eager_kernels_allowed(*(t for t in (grad_out, x, weight, bias) if t is not None)):  # plain eager backward: skip the dispatcher
+    present = [t for t in (grad_out, x, weight, bias) if t is not None]
+    if eager_kernels_allowed(*present):  # plain eager backward: skip the dispatcher
         grad_x, grad_w, grad_b = layer_norm_backward(grad_out, x, weight, bias, ctx.eps)
     else:
         grad_x, grad_w, grad_b = layer_norm_backward_op(grad_out, x, weight, bias, ctx.eps)

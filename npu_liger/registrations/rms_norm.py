@@ -7,13 +7,17 @@ from typing import Tuple
 
 import torch
 
-from ..npu_ops.rms_norm import (check_fused_add_rms_norm_backward_inputs, check_rms_norm_grad, check_rms_norm_inputs, fused_add_rms_norm_backward,
-                                fused_add_rms_norm_forward, rms_norm_backward, rms_norm_forward,
-                                rms_norm_output_dtype)
+from ..npu_ops.rms_norm import (check_fused_add_rms_norm_backward_inputs, check_rms_norm_grad,
+                                check_rms_norm_inputs, fused_add_rms_norm_backward, fused_add_rms_norm_forward,
+                                rms_norm_backward, rms_norm_forward, rms_norm_output_dtype)
 from ._op import define_autograd, define_op, forbid_double_backward
 from .rope import eager_kernels_allowed
 
 __all__ = ["rms_norm", "fused_add_rms_norm"]
+
+
+def _present(*tensors):
+    return [t for t in tensors if t is not None]  # the optional grad_sum may be None
 
 
 def _new_like(x, dtype=None):
@@ -80,7 +84,7 @@ def _fused_setup_context(ctx, inputs, output):
 
 def _fused_backward(ctx, grad_normed, grad_sum):
     s, weight = ctx.saved_tensors
-    if eager_kernels_allowed(*(t for t in (grad_normed, grad_sum, s, weight) if t is not None)):
+    if eager_kernels_allowed(*_present(grad_normed, grad_sum, s, weight)):
         grad_s, grad_w = fused_add_rms_norm_backward(grad_normed, grad_sum, s, weight, *ctx.args)
     else:
         grad_s, grad_w = fused_add_rms_norm_backward_op(grad_normed, grad_sum, s, weight, *ctx.args)
@@ -100,7 +104,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: f
     """RMSNorm over the last dim, ``x * rsqrt(mean(x^2) + eps) * (offset + weight)``:
     ``torch.ops.npu_liger.rms_norm``. ``casting_mode`` reproduces Hugging Face's rounding: ``"llama"``
     (LlamaRMSNorm, Qwen, Mistral, Llama-4; the result has ``promote_types(x, weight)``'s dtype), ``"gemma"``
-    (GemmaRMSNorm with ``offset=1.0``; x's dtype), ``"none"`` (x's dtype throughout)."""
+    (GemmaRMSNorm with ``offset=1.0``; x's dtype), ``"none"`` (rstd taken in x's dtype, x's dtype result).
+    Rows wider than one tile are walked in chunks; grads for x and weight (the incoming gradient is never
+    written)."""
     return _rms_norm_entry(x, weight, eps, offset, casting_mode)
 
 
