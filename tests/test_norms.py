@@ -43,10 +43,31 @@ def ln_reference(x, w, b, eps=1e-5):
     return F.layer_norm(x, x.shape[-1:], w, b, eps)
 
 
-def check_against_reference(fn, reference, inputs, names):
+def rounding_points(mode, fused=False):
+    """How many times the op's results are rounded to x's dtype along the way: llama rounds the normalised x and
+    then the product (as HF does), none rstd and the product, gemma the product only; the fused op's sum is
+    rounded before it is normalised."""
+    return (1 if mode == "gemma" else 2) + (1 if fused else 0)
+
+
+def assert_close_rounded(out, ref64, eager_lowp, roundings, what):
+    """``checklist.assert_close`` with a half-precision floor of ``roundings`` unit roundoffs: a result rounded
+    k times (each a truncation under the CPU interpreter) may be off by k units where the eager reference, rounding
+    to nearest, happened to land close (tiny rows make that likely)."""
+    if out.dtype == torch.float32 or roundings == 1 or out.numel() == 0:
+        assert_close(out, ref64, eager_lowp, what=what)
+        return
+    err = rel_error(out, ref64)
+    tol = max(2.0 * rel_error(eager_lowp, ref64), roundings * UNIT_ROUNDOFF[out.dtype])
+    assert err <= tol, f"{what} ({out.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
+
+
+def check_against_reference(fn, reference, inputs, names, roundings=1):
     """``fn(*inputs)`` forward and every input gradient against ``reference`` in float64 and, for half
     precision, against ``reference`` in the inputs' own dtypes; inputs untouched and not aliased.
-    ``inputs``: tensors (leaves made here) or other arguments."""
+    ``inputs``: tensors (leaves made here) or other arguments; ``roundings``: the most roundings to the
+    half-precision dtype on any path (``assert_close_rounded``; llama's weight gradient sums the rounded
+    normalised x, so it inherits that rounding too)."""
     leaves = [t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) else t for t in inputs]
     tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
     before = snapshot(tensors)
@@ -68,10 +89,10 @@ def check_against_reference(fn, reference, inputs, names):
     outs_lp, grads_lp = run(lambda t: t.clone())
     for i, (out, ref64, lp) in enumerate(zip(outs, outs64, outs_lp)):
         assert out.dtype == lp.dtype and out.shape == lp.shape and out.is_contiguous()
-        assert_close(out, ref64, lp, what=f"output {i}")
+        assert_close_rounded(out, ref64, lp, roundings, f"output {i}")
     for name, t, g64, g_lp in zip(names, tensors, grads64, grads_lp):
         assert t.grad.dtype == t.dtype and t.grad.shape == t.shape
-        assert_close(t.grad, g64, g_lp, what=f"grad of {name}")
+        assert_close_rounded(t.grad, g64, g_lp, roundings, f"grad of {name}")
     return outs
 
 
@@ -81,7 +102,8 @@ def test_rms_norm_matches_reference(leading, n_cols, dtype, mode, offset, noncon
     x = randn((*leading, n_cols), dtype, noncontiguous=noncontiguous)
     w = randn((n_cols,), dtype) * 0.5 + (1.0 - offset)
     check_against_reference(lambda x, w: npu_liger.rms_norm(x, w, 1e-6, offset, mode),
-                            lambda x, w: rms_reference(x, w, 1e-6, offset, mode), (x, w), ("x", "weight"))
+                            lambda x, w: rms_reference(x, w, 1e-6, offset, mode), (x, w), ("x", "weight"),
+                            rounding_points(mode))
 
 
 @given(leading=LEADING, n_cols=COLS, dtype=st.sampled_from(FLOAT_DTYPES), mode=st.sampled_from(MODES),
@@ -92,7 +114,7 @@ def test_fused_add_rms_norm_matches_reference(leading, n_cols, dtype, mode, nonc
     w = randn((n_cols,), dtype)
     check_against_reference(lambda x, r, w: npu_liger.fused_add_rms_norm(x, r, w, 1e-5, 0.0, mode),
                             lambda x, r, w: fused_reference(x, r, w, 1e-5, 0.0, mode), (x, r, w),
-                            ("x", "residual", "weight"))
+                            ("x", "residual", "weight"), rounding_points(mode, fused=True))
 
 
 @given(leading=LEADING, n_cols=COLS.filter(lambda n: n > 2), dtype=st.sampled_from(FLOAT_DTYPES),
@@ -143,8 +165,8 @@ def test_matches_hf_rms_norm_modules(name, shape, dtype):
     x = randn(shape, dtype)
     outs = check_against_reference(lambda x, w: npu_liger.rms_norm(x, w, ours.eps, ours.offset, ours.casting_mode),
                                    lambda x, w: torch.func.functional_call(hf, {"weight": w}, (x,)),
-                                   (x, ours.weight), ("x", "weight"))
-    assert_close(ours(x), outs[0].detach().double(), hf(x), what="module")
+                                   (x, ours.weight), ("x", "weight"), rounding_points(ours.casting_mode))
+    assert torch.equal(ours(x), outs[0])  # the module is the function
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -180,7 +202,8 @@ def test_tiny_ub_loops_wide_rows_and_packs_narrow_rows(small_ub):
                                 lambda x, w, b: ln_reference(x + 20.0, w, b), (x, w, b), ("x", "weight", "bias"))
     x = randn((7, 300), torch.bfloat16, noncontiguous=True)  # half precision through the looped path
     w = randn((300,), torch.bfloat16)
-    check_against_reference(lambda x, w: npu_liger.rms_norm(x, w), rms_reference, (x, w), ("x", "weight"))
+    check_against_reference(lambda x, w: npu_liger.rms_norm(x, w), rms_reference, (x, w), ("x", "weight"),
+                            rounding_points("llama"))
 
 
 def test_default_ub_keeps_hidden_4096_whole_and_loops_wider_backward():
