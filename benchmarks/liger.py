@@ -18,6 +18,11 @@ qwen2vl_mrope  ``transformers.qwen2vl_mrope.liger_multimodal_rotary_pos_emb(q, k
                ``LigerQwen2VLMRopeFunction.apply(...)[:2]``
 llama4_rope    ``transformers.llama4_rope.liger_llama4_text_rotary_pos_emb(q, k, freqs_cis)``;
                ``LigerLlama4RopeFunction.apply(q, k, freqs_cis)``
+rms_norm       ``transformers.functional.liger_rms_norm(x, w, eps)`` (in_place=True, what LigerRMSNorm uses);
+               ``LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", True)``
+fused_add_...  ``transformers.functional.liger_fused_add_rms_norm(x, r, w, eps)``;
+               ``LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", True)``
+layer_norm     ``transformers.functional.liger_layer_norm(x, w, b, eps)``; ``LigerLayerNormFunction.apply(...)``
 =============  ==========================================================================================
 
 Liger rotates q/k in place (the rope family, and dq/dk in backward) and writes the geglu/swiglu gradients into
@@ -55,6 +60,12 @@ _TVD_CLS = lambda c: lambda p, q: (c.apply(p, q, None, "batchmean", -100),)  # n
 _LLAMA4 = lambda f: lambda q, k, freqs: _first2(f(q, k, freqs))  # noqa: E731
 _LLAMA4_CLS = lambda c: lambda q, k, freqs: _first2(c.apply(q, k, freqs))  # noqa: E731
 _EMB_CLS = lambda c: lambda weight, indices: (c.apply(weight, indices),)  # noqa: E731
+_RMS = lambda f: lambda x, w: (f(x, w, 1e-6),)  # noqa: E731
+_RMS_CLS = lambda c: lambda x, w: (c.apply(x, w, 1e-6, 0.0, "llama", True),)  # noqa: E731
+_FUSED = lambda f: lambda x, r, w: tuple(f(x, r, w, 1e-6))  # noqa: E731
+_FUSED_CLS = lambda c: lambda x, r, w: tuple(c.apply(x, r, w, 1e-6, 0.0, "llama", True))  # noqa: E731
+_LN = lambda f: lambda x, w, b: (f(x, w, b, 1e-5),)  # noqa: E731
+_LN_CLS = lambda c: lambda x, w, b: (c.apply(x, w, b, 1e-5),)  # noqa: E731
 
 F = "liger_kernel.transformers.functional"
 CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
@@ -76,6 +87,13 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
     "llama4_rope": [("liger_kernel.transformers.llama4_rope:liger_llama4_text_rotary_pos_emb", _LLAMA4),
                     ("liger_kernel.ops:LigerLlama4RopeFunction", _LLAMA4_CLS),
                     ("liger_kernel.ops.llama4_rope:LigerLlama4RopeFunction", _LLAMA4_CLS)],
+    "rms_norm": [(f"{F}:liger_rms_norm", _RMS), ("liger_kernel.ops:LigerRMSNormFunction", _RMS_CLS),
+                 ("liger_kernel.ops.rms_norm:LigerRMSNormFunction", _RMS_CLS)],
+    "fused_add_rms_norm": [(f"{F}:liger_fused_add_rms_norm", _FUSED),
+                           ("liger_kernel.ops:LigerFusedAddRMSNormFunction", _FUSED_CLS),
+                           ("liger_kernel.ops.fused_add_rms_norm:LigerFusedAddRMSNormFunction", _FUSED_CLS)],
+    "layer_norm": [(f"{F}:liger_layer_norm", _LN), ("liger_kernel.ops:LigerLayerNormFunction", _LN_CLS),
+                   ("liger_kernel.ops.layer_norm:LigerLayerNormFunction", _LN_CLS)],
 }
 
 _RESOLVED: Dict[str, str] = {}

@@ -32,6 +32,23 @@ def tvd_batchmean(p: Tensor, q: Tensor) -> Tensor:
     return (0.5 * (p - q).abs()).sum() / p.shape[0]
 
 
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """HF ``LlamaRMSNorm.forward``: statistics in fp32, the normalised x cast back, then times the weight."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
+    """A decoder layer's ``hidden = residual + hidden`` followed by its RMSNorm: (normed, sum)."""
+    s = x + residual
+    return rms_norm(s, weight, eps), s
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -15,9 +15,13 @@ geglu, swiglu       a, b read, c written: 3 N                            + grad_
 rope family         q, k read and written: 2 (Nq + Nk)                   + dq, dk read and written: 4 (Nq + Nk)
 embedding           gather: T x D read, T x D written                    + grad T x D read, dW V x D written once
 tvd                 p, q read: 2 N                                       + grads written, read back: 4 N
+rms_norm,           x read, y written: 2 N                               + dy, x read, dx written: 5 N
+layer_norm
+fused_add_rms_norm  x, residual read, y, s written: 4 N                  + dy, ds, s read, dx written: 8 N
+                                                                         (x and residual share one gradient)
 ==================  ===================================================  ==========================================
 
-(cos/sin/freqs tables, indices and scalar losses are left out, as in the issue's definitions.)
+(cos/sin/freqs tables, indices, scalar losses and norm weights are left out, as in the issue's definitions.)
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class OpSpec:
     bytes_fwd: Callable[[Dict, int], float]
     bytes_fb: Callable[[Dict, int], float]
     notes: str = ""
+    module: Optional[str] = None  # the npu_ops module holding the launcher, when not named after the op
 
     def cases(self, kind: str) -> List[Case]:
         if kind == "main":
@@ -111,7 +116,7 @@ class OpSpec:
 
     def launcher(self):
         """The raw host launcher ``npu_liger.npu_ops.<name>.<name>_forward`` (what the op's kernel key calls)."""
-        module = importlib.import_module(f"npu_liger.npu_ops.{self.name}")
+        module = importlib.import_module(f"npu_liger.npu_ops.{self.module or self.name}")
         return getattr(module, f"{self.name}_forward")
 
     def npu_variant(self, entry: str = "functional") -> Callable:
@@ -284,6 +289,57 @@ def _make_tvd(p, dtype, device, gen):
     return Inputs((prob_p, prob_q), (prob_p, prob_q), (torch.ones((), dtype=dtype, device=device),))
 
 
+# --- norms --------------------------------------------------------------------------------------------------
+
+def _norm_label(p):
+    return "x".join(map(str, p["shape"])) + (" (q/k norm)" if len(p["shape"]) == 4 else "")
+
+
+def _make_norm(p, dtype, device, gen, *, residual=False, bias=False):
+    """x (and residual) leaves of ``p["shape"]``, the weight (and bias) over the last dim, one grad per output."""
+    shape, hidden = p["shape"], p["shape"][-1]
+    x = _randn(shape, dtype, device, gen, True)
+    w = (1.0 + 0.1 * _randn((hidden,), torch.float32, device, gen)).to(dtype).requires_grad_(True)
+    args, leaves, grads = [x], [x], [_randn(shape, dtype, device, gen)]
+    if residual:
+        r = _randn(shape, dtype, device, gen, True)
+        args.insert(1, r)
+        leaves.append(r)
+        grads.append(_randn(shape, dtype, device, gen))
+    args.append(w)
+    leaves.append(w)
+    if bias:
+        b = _randn((hidden,), dtype, device, gen, True, scale=0.1)
+        args.append(b)
+        leaves.append(b)
+    return Inputs(tuple(args), tuple(leaves), tuple(grads))
+
+
+def _norm_spec(name, eager, npu_args, make, fwd_n, fb_n, module, with_qk=True):
+    main = [dict(shape=(8192, 4096), tokens=8192), dict(shape=(16384, 8192), tokens=16384)]
+    if with_qk:  # Qwen3's q_norm over head_dim: (bsz, seq, heads, head_dim)
+        main.append(dict(shape=(4, 4096, 32, 128), tokens=4 * 4096))
+    elems = lambda p: float(torch.Size(p["shape"]).numel())  # noqa: E731
+    return OpSpec(
+        name=name,
+        dtype=torch.bfloat16,
+        main=main,
+        sweep=lambda t: dict(shape=(t, 4096), tokens=t),
+        smoke=dict(shape=(6, 37), tokens=6),
+        tiny=dict(shape=(4, 64), tokens=4),
+        compile_case=lambda s: dict(shape=(2 * s, 4096), tokens=2 * s),
+        label=_norm_label,
+        tokens=lambda p: p["tokens"],
+        make=make,
+        eager=eager,
+        npu_args=npu_args,
+        bytes_fwd=lambda p, s: fwd_n * elems(p) * s,
+        bytes_fb=lambda p, s: fb_n * elems(p) * s,
+        notes="eps 1e-6, llama casting" if "rms" in name else "eps 1e-5, weight and bias",
+        module=module,
+    )
+
+
 SPECS: Dict[str, OpSpec] = {
     "geglu": _gated_spec("geglu", reference.geglu),
     "swiglu": _gated_spec("swiglu", reference.swiglu),
@@ -335,6 +391,15 @@ SPECS: Dict[str, OpSpec] = {
         reference.llama4_rope,
         lambda q, k, freqs: (q, k, freqs),
     ),
+    "rms_norm": _norm_spec("rms_norm", reference.rms_norm, lambda x, w: (x, w, 1e-6, 0.0, "llama"), _make_norm,
+                           2, 5, "rms_norm"),
+    "fused_add_rms_norm": _norm_spec(
+        "fused_add_rms_norm", reference.fused_add_rms_norm, lambda x, r, w: (x, r, w, 1e-6, 0.0, "llama"),
+        lambda p, dtype, device, gen: _make_norm(p, dtype, device, gen, residual=True), 4, 8, "rms_norm",
+        with_qk=False),
+    "layer_norm": _norm_spec("layer_norm", reference.layer_norm, lambda x, w, b: (x, w, b, 1e-5),
+                             lambda p, dtype, device, gen: _make_norm(p, dtype, device, gen, bias=True), 2, 5,
+                             "layer_norm", with_qk=False),
 }
 
 def op_names() -> List[str]:

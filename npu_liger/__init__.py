@@ -9,10 +9,14 @@ from ._install import require_triton
 require_triton()  # before any kernel file: a missing triton gets an ImportError naming the extra to install
 
 from . import nn, registrations, tiling  # noqa: E402
+from .registrations.cross_entropy import cross_entropy  # noqa: E402
 from .registrations.embedding import embedding  # noqa: E402
+from .registrations.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .registrations.geglu import geglu  # noqa: E402
+from .registrations.layer_norm import layer_norm  # noqa: E402
 from .registrations.llama4_rope import llama4_rope  # noqa: E402
 from .registrations.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
+from .registrations.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from .registrations.rope import rope  # noqa: E402
 from .registrations.swiglu import swiglu  # noqa: E402
 from .registrations.tvd import tvd  # noqa: E402
@@ -20,12 +24,17 @@ from .registrations.tvd import tvd  # noqa: E402
 __version__ = "0.1.0"
 __all__ = [
     "__version__",
+    "cross_entropy",
     "embedding",
+    "fused_add_rms_norm",
+    "fused_linear_cross_entropy",
     "geglu",
+    "layer_norm",
     "llama4_rope",
     "nn",
     "qwen2vl_mrope",
     "registrations",
+    "rms_norm",
     "rope",
     "swiglu",
     "tiling",

@@ -324,6 +324,37 @@ def tvd_op(env):
                                npu_liger.tvd(p, q, labels, "batchmean"))
 
 
+@case
+def norm_ops(env):
+    """rms_norm, fused_add_rms_norm, layer_norm: rows (any leading dim) sharded or replicated without
+    communication, parameter gradients Partial; a sharded normalised dim is gathered first (exact)."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    x, r = env.randn(4, 6, 16, seed=20), env.randn(4, 6, 16, seed=21)
+    w, b = env.randn(16, seed=22), env.randn(16, seed=23)
+    rows = [layout(R, R, out=(R,)), layout(S(0), R, out=(S(0),)), layout(S(1), R, out=(S(1),)),
+            layout(S(2), R, no_comm=False)]
+    for mode, offset in (("llama", 0.0), ("gemma", 1.0)):
+        check_sharded(env, lambda x_, w_: npu_liger.rms_norm(x_, w_, 1e-6, offset, mode), (x, w), rows,
+                      grads=(0, 1))
+    fused = [layout(*pl[:1] * 2, pl[1], out=None if out is None else out * 2, no_comm=nc) for pl, out, nc in rows]
+    check_sharded(env, lambda x_, r_, w_: npu_liger.fused_add_rms_norm(x_, r_, w_), (x, r, w), fused,
+                  grads=(0, 1, 2))
+    with_bias = [layout(pl[0], pl[1], pl[1], out=out, no_comm=nc) for pl, out, nc in rows]
+    check_sharded(env, lambda x_, w_, b_: npu_liger.layer_norm(x_, w_, b_), (x, w, b), with_bias, grads=(0, 1, 2))
+    check_sharded(env, lambda x_: npu_liger.layer_norm(x_), (x,), [layout(S(0), out=(S(0),))], grads=(0,))
+    # the backward op with a Partial incoming gradient stays Partial
+    g = env.randn(4, 6, 16, seed=24)
+    got = torch.ops.npu_liger.rms_norm_backward(_from_local(env, g / env.world, P), _from_local(env, x, R),
+                                                _from_local(env, w, R), 1e-6, 0.0, "llama")
+    assert [t.placements for t in got] == [(P,), (P,)], [t.placements for t in got]
+    for a, e in zip(got, torch.ops.npu_liger.rms_norm_backward(g, x, w, 1e-6, 0.0, "llama")):
+        torch.testing.assert_close(a.full_tensor(), e)
+
+
 def _rope_inputs(env, seq=6):
     q, k = env.randn(2, 4, seq, 8, seed=8), env.randn(2, 2, seq, 8, seed=9)  # GQA: 4 query heads, 2 kv heads
     return q, k

@@ -74,22 +74,30 @@ def _qwen3_vl():  # interleaved M-RoPE sections
 
 # family -> (builder, the npu_liger forward ops its patched model must run)
 FAMILIES = {
-    "llama": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON)), ("swiglu", "rope")),
-    "mistral": (lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON)), ("swiglu", "rope")),
-    "qwen2": (lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)), ("swiglu", "rope")),
-    "qwen3": (lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON)), ("swiglu", "rope")),
-    "gemma": (lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**COMMON)), ("geglu", "rope")),
+    "llama": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON)),
+              ("swiglu", "rope", "rms_norm")),
+    "mistral": (lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON)),
+                ("swiglu", "rope", "rms_norm")),
+    "qwen2": (lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)),
+              ("swiglu", "rope", "rms_norm")),
+    "qwen3": (lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON)),
+              ("swiglu", "rope", "rms_norm")),
+    "gemma": (lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**COMMON)),
+              ("geglu", "rope", "rms_norm")),
     "gemma2": (lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**COMMON, sliding_window=4)),
-               ("geglu", "rope")),
+               ("geglu", "rope", "rms_norm")),
     "gemma3": (lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**COMMON, sliding_window=4)),
-               ("geglu", "rope")),
-    "qwen2_vl": (_qwen2_vl, ("swiglu", _qwen2_vl_rope_op())),
+               ("geglu", "rope", "rms_norm")),
+    "qwen2_vl": (_qwen2_vl, ("swiglu", _qwen2_vl_rope_op(), "rms_norm")),
     **({"qwen2_5_vl": (_qwen2_5_vl, ("swiglu", "rope")), "qwen3_vl": (_qwen3_vl, ("swiglu", "rope"))}
        if hasattr(transformers, "Qwen3VLConfig") else {}),  # 5.x only
     "llama4": (lambda: transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
         **COMMON, intermediate_size_mlp=48, num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2)),
-        ("swiglu", "llama4_rope")),
+        ("swiglu", "llama4_rope", "rms_norm")),
 }
+# RMSNorm modules a text forward runs per family: 2 per layer + the final norm, plus q_norm/k_norm (Qwen3,
+# Gemma3) and the pre/post-feedforward norms (Gemma2/3: 4 per layer).
+NORMS_PER_LAYER = {"qwen3": 4, "gemma2": 4, "gemma3": 6}
 
 
 class CountOps(TorchDispatchMode):
@@ -214,8 +222,9 @@ def test_patch_before_building(family):
         logits = model(input_ids=ids).logits
     assert rel_error(logits, ref) <= FP32_RTOL
     assert set(ops) <= set(counter.counts), counter.counts
+    assert summary["norm"]["rms_norm"] >= NORMS_PER_LAYER.get(family, 2) * COMMON["num_hidden_layers"] + 1, summary
     nlt.revert(family)
-    assert nlt.patch_summary(_build(family)) == {"mlp": {}, "rope": [], "embedding": 0}
+    assert nlt.patch_summary(_build(family)) == {"mlp": {}, "rope": [], "embedding": 0, "norm": {}}
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])  # swiglu + rope, geglu + rope (compiling is slow on CPU)
@@ -337,3 +346,67 @@ def test_imports_without_transformers():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                             env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+# ---- norms ------------------------------------------------------------------------------------------------
+
+
+def test_norm_flag_and_every_rms_norm_patched():
+    """Every RMSNorm instance (Qwen3's q_norm/k_norm included) runs rms_norm; norm=False leaves them alone."""
+    model = _build("qwen3")
+    n_norms = sum(type(m).__name__ == "Qwen3RMSNorm" for m in model.modules())
+    assert n_norms == 4 * COMMON["num_hidden_layers"] + 1
+    nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
+    assert nlt.patch_summary(model)["norm"] == {}
+    nlt.apply_to_model(model, rope=False, mlp=False)
+    assert nlt.patch_summary(model)["norm"] == {"rms_norm": n_norms}
+    with CountOps() as counter, torch.no_grad():
+        model(input_ids=_batch())
+    assert counter.counts == {"rms_norm": n_norms}, counter.counts
+
+
+def test_vision_layer_norms_are_patched():
+    """Qwen2-VL's vision tower uses torch.nn.LayerNorm: patched to layer_norm, same output and gradients."""
+    model = _build("qwen2_vl")
+    block = model.model.visual.blocks[0]
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # non-trivial affine parameters (they start at 1 and 0)
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g).to(DEVICE))
+    x = torch.randn(5, block.norm1.normalized_shape[0], generator=g).to(DEVICE).requires_grad_(True)
+    weights = torch.randn(5, block.norm1.normalized_shape[0], generator=g).to(DEVICE)
+
+    def run():
+        x.grad = None
+        block.zero_grad(set_to_none=True)
+        out = block.norm2(block.norm1(x).sin() + 0.25)
+        (out * weights).sum().backward()
+        return {"out": out.detach().clone(), "x": x.grad.clone(),
+                **{n: p.grad.clone() for n, p in block.named_parameters() if p.grad is not None}}
+
+    ref = run()
+    nlt.apply_to_model(model, rope=False, mlp=False)
+    assert nlt.patch_summary(model)["norm"].get("layer_norm", 0) >= 3  # norm1, norm2 per block, the merger's ln_q
+    with CountOps() as counter:
+        got = run()
+    assert counter.counts == {"layer_norm": 2, "layer_norm_backward": 2}, counter.counts
+    _assert_matches(got, ref)
+
+
+def test_changed_norm_source_is_left_alone(monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    import npu_liger.transformers.norms as norms
+
+    def forward(self, hidden_states):  # a different computation under the same class name
+        return self.weight * hidden_states
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", forward)
+    norms._source.cache_clear()
+    try:
+        model = _build("llama")
+        with pytest.warns(UserWarning, match="LlamaRMSNorm.forward is not the computation"):
+            nlt.apply_to_model(model, rope=False, mlp=False)
+        assert nlt.patch_summary(model)["norm"] == {}
+    finally:
+        norms._source.cache_clear()

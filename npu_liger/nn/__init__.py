@@ -1,8 +1,11 @@
 """``nn.Module`` wrappers around the ops (MLPs, losses, embedding), one file per op."""
 
+from .cross_entropy import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .embedding import Embedding
 from .geglu import GEGLUMLP
+from .norm import LayerNorm, RMSNorm
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["Embedding", "GEGLUMLP", "SwiGLUMLP", "TVDLoss"]
+__all__ = ["CrossEntropyLoss", "Embedding", "FusedLinearCrossEntropyLoss", "GEGLUMLP", "LayerNorm", "RMSNorm",
+           "SwiGLUMLP", "TVDLoss"]

@@ -28,6 +28,12 @@ What each op accepts (R = Replicate, S(d) = Shard(d), P = Partial(sum)):
   heads, head_dim), freqs_cis)``: batch S(0), seq S(1), heads S(2), freqs_cis following batch/seq or R.
   Backward ops: the same, plus grads P with the tables R (linear in the grads).
 
+- rms_norm ``(x, weight, eps, offset, casting_mode)``, layer_norm ``(x, weight, bias, eps)``,
+  fused_add_rms_norm ``(x, residual, weight, ...)``: rows may be sharded, the normalised (last) dim may not: x
+  (and residual) S(d) for any d < ndim - 1 with the parameters R -> S(d); all R -> R. Backward ops: grad and x
+  S(d) -> grad_x S(d) and the parameter gradients P (each rank sums its own rows); all R -> R; grad P with x R
+  -> P throughout (linear in the incoming gradient; fused_add_rms_norm's grad_sum P too).
+
 FSDP2 and DDP need no rules: FSDP2 all-gathers parameters into plain tensors before the ops run.
 
 Version gates live in ``_dtensor_api`` only. The one thing the public API gets wrong for these ops:
@@ -143,6 +149,37 @@ def _rules(api):
 
         return rule, backward_rule
 
+    def row_dims(x):
+        return range(x.ndim - 1)  # every dim but the normalised one
+
+    def opt(t, placement):
+        return None if t is None else placement  # an absent optional tensor argument
+
+    def rms_norm(x, weight, *scalars):
+        return [([R], [R, R, None, None, None])] + [([S(d)], [S(d), R, None, None, None]) for d in row_dims(x)]
+
+    def rms_norm_backward(grad_out, x, weight, *scalars):
+        return ([([R, R], [R, R, R, None, None, None]), ([P, P], [P, R, R, None, None, None])]
+                + [([S(d), P], [S(d), S(d), R, None, None, None]) for d in row_dims(x)])
+
+    def fused_add_rms_norm(x, residual, weight, *scalars):
+        return ([([R, R], [R, R, R, None, None, None])]
+                + [([S(d), S(d)], [S(d), S(d), R, None, None, None]) for d in row_dims(x)])
+
+    def fused_add_rms_norm_backward(grad_normed, grad_sum, s, weight, *scalars):
+        rest = [None, None, None]
+        return ([([R, R], [R, opt(grad_sum, R), R, R] + rest), ([P, P], [P, opt(grad_sum, P), R, R] + rest)]
+                + [([S(d), P], [S(d), opt(grad_sum, S(d)), S(d), R] + rest) for d in row_dims(s)])
+
+    def layer_norm(x, weight=None, bias=None, eps=1e-5):
+        return ([([R], [R, opt(weight, R), opt(bias, R), None])]
+                + [([S(d)], [S(d), opt(weight, R), opt(bias, R), None]) for d in row_dims(x)])
+
+    def layer_norm_backward(grad_out, x, weight, bias, eps):
+        params = [opt(weight, R), opt(bias, R), None]
+        return ([([R, R, R], [R, R] + params), ([P, P, P], [P, R] + params)]
+                + [([S(d), P, P], [S(d), S(d)] + params) for d in row_dims(x)])
+
     rope, rope_backward = rotary(0, 1, 2, tables=2, table_batch_dim=0, extra=0)
     mrope, mrope_backward = rotary(0, 1, 2, tables=2, table_batch_dim=1, extra=1)
     llama4, llama4_backward = rotary(0, 2, 1, tables=1, table_batch_dim=0, extra=0)
@@ -151,6 +188,9 @@ def _rules(api):
         "embedding": embedding, "embedding_backward": embedding_backward, "tvd": tvd, "tvd_backward": tvd_backward,
         "rope": rope, "rope_backward": rope_backward, "qwen2vl_mrope": mrope, "qwen2vl_mrope_backward": mrope_backward,
         "llama4_rope": llama4, "llama4_rope_backward": llama4_backward,
+        "rms_norm": rms_norm, "rms_norm_backward": rms_norm_backward, "fused_add_rms_norm": fused_add_rms_norm,
+        "fused_add_rms_norm_backward": fused_add_rms_norm_backward, "layer_norm": layer_norm,
+        "layer_norm_backward": layer_norm_backward,
     }
 
 

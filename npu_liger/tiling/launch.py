@@ -8,8 +8,9 @@ backend     tiles                                                   grid (``plan
 ==========  ======================================================  ================================
 ``npu``     UB manager of the attached chip (``get_ub_manager()``)  min(tasks, vector cores, 65535)
 ``cpu``     UB manager of the emulated chip (``chips.py``)          min(tasks, emulated vector cores)
-``cuda``    the same formula against a per-program tile budget      one program per task
-            (warps by tile size, or the request's ``cuda_num_warps``)
+``cuda``    the same formula against a per-program tile budget      one program per task, or
+            (warps by tile size, or the request's ``cuda_num_warps``;   ``cuda_programs_per_sm`` x SMs
+            ``cuda_max_block`` lifts the budget for whole rows)        when the request asks for it
 ==========  ======================================================  ================================
 
 Plans are computed at dispatch time (never while tracing) and memoised, so a launch costs a dict lookup.
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple
 
 from .chips import emulated_chip
-from .ub_manager import TilingDim, UBManager, compute_default_tiling_strategy, get_ub_manager
+from .ub_manager import (TilingDim, UBManager, _normalize_tiling_dims, compute_default_tiling_strategy, get_ub_manager,
+                         next_power_of_2)
 
 NPU_MAX_GRID = 65535  # triton-ascend rejects larger 1-D grids
 CUDA_MAX_GRID = 2**31 - 1
@@ -39,7 +41,12 @@ class TileRequest:
     """A kernel's memory analysis, in the UB manager's terms (see ``ub_manager.py``).
 
     ``cuda_num_warps``: warps per program on CUDA, when the kernel has measured a better value than the default
-    rule (by tile size, ``_plan_cuda``); ignored by the NPU and CPU plans."""
+    rule (by tile size, ``_plan_cuda``).
+    ``cuda_max_block``: on CUDA, tiled sizes up to this many elements regardless of the tile budget (a kernel
+    that keeps a whole row in registers, e.g. a norm over hidden 8192, rather than loop over it twice).
+    ``cuda_programs_per_sm``: on CUDA, a persistent grid of this many programs per SM instead of one program per
+    task (kernels that keep one partial result per program, e.g. a norm's weight gradient).
+    All three are ignored by the NPU and CPU plans."""
 
     memory_multiplier: float
     shapes: Tuple[Tuple[int, ...], ...]
@@ -47,6 +54,8 @@ class TileRequest:
     dtype_size: int
     safety_margin: float = 0.80
     cuda_num_warps: Optional[int] = None
+    cuda_max_block: Optional[int] = None
+    cuda_programs_per_sm: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -139,13 +148,27 @@ def _plan_ascend(request: TileRequest, backend: str, chip: str, ub_bits: int, ve
 def _plan_cuda(request: TileRequest) -> LaunchPlan:
     manager = UBManager(ub_capacity_bits=CUDA_TILE_BUDGET_BYTES * 8, npu_model="cuda")
     tiles = _tiles(request, manager)
+    if request.cuda_max_block is not None:
+        tiles = tuple(_lift_tiled_dims(tiled, shape, dims, request.cuda_max_block)
+                      for tiled, shape, dims in zip(tiles, request.shapes, request.tiling_dims))
     elements = 1
     for size in tiles[0]:
         elements *= size
     num_warps = 4 if elements <= 2048 else 8 if elements <= 8192 else 16
     if request.cuda_num_warps is not None:
         num_warps = request.cuda_num_warps
-    return LaunchPlan("cuda", tiles, None, num_warps)
+    max_programs = None
+    if request.cuda_programs_per_sm is not None:
+        max_programs = request.cuda_programs_per_sm * cuda_sm_count()
+    return LaunchPlan("cuda", tiles, max_programs, num_warps)
+
+
+def _lift_tiled_dims(tiled: Tuple[int, ...], shape: Tuple[int, ...], tiling_dim: TilingDim,
+                     max_block: int) -> Tuple[int, ...]:
+    """Tiled dims of one shape grown to ``min(next_pow2(size), max_block)`` (never shrunk)."""
+    dims = _normalize_tiling_dims(tiling_dim)
+    return tuple(max(tile, min(next_power_of_2(size), max_block)) if d in dims else tile
+                 for d, (tile, size) in enumerate(zip(tiled, shape)))
 
 
 def _tiles(request: TileRequest, manager: UBManager) -> Tuple[Tuple[int, ...], ...]:
@@ -160,6 +183,14 @@ def _tiles(request: TileRequest, manager: UBManager) -> Tuple[Tuple[int, ...], .
     if tiles is None:
         raise ValueError(f"invalid tile request {request!r}: shapes and tiling_dims must be non-empty and match")
     return tiles
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_sm_count() -> int:
+    """Streaming multiprocessors of the current CUDA device (first use only, then cached)."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,7 +2,8 @@
 
     import npu_liger.transformers as nlt
 
-    model = nlt.apply_to_model(model)             # a built model: gated MLPs -> geglu/swiglu, rotary -> rope ops
+    model = nlt.apply_to_model(model)             # a built model: gated MLPs -> geglu/swiglu, rotary -> rope ops,
+                                                  # RMSNorm -> rms_norm, nn.LayerNorm -> layer_norm
     nlt.apply_npu_liger_to_llama()                # or before building: models constructed afterwards are patched
     model = torch.compile(model, fullgraph=True)  # the ops are opaque graph nodes; no graph breaks
     nlt.unpatch(model); nlt.revert()              # and back
@@ -25,13 +26,13 @@ from .rope import apply_multimodal_rotary_pos_emb, apply_rotary_emb, apply_rotar
 
 
 def _family_patcher(name: str, title: str):
-    def patch(*, rope: bool = True, mlp: bool = True, embedding: bool = False) -> None:
-        apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding)
+    def patch(*, rope: bool = True, mlp: bool = True, embedding: bool = False, norm: bool = True) -> None:
+        apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding, norm=norm)
 
     patch.__name__ = patch.__qualname__ = f"apply_npu_liger_to_{name}"
     patch.__doc__ = (f"Patch {title} before building models: its rotary function now (module-wide), and its "
-                     f"MLPs{' and experts' if name == 'llama4' else ''} (and, with ``embedding=True``, the input "
-                     f"embedding) of every model constructed afterwards. ``revert({name!r})`` undoes it.")
+                     f"MLPs{' and experts' if name == 'llama4' else ''} and norms (and, with ``embedding=True``, the "
+                     f"input embedding) of every model constructed afterwards. ``revert({name!r})`` undoes it.")
     return patch
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from . import _patching
 from .families import FAMILIES, FAMILY_BY_MODULE, Family, patch_rope, restore_rope, rope_patched
 from .modules import patch_embedding, patch_experts, patch_gated_mlp, patched_op
+from .norms import norm_summary, patch_norms
 
 
 def _walk(module: nn.Module, config=None) -> Iterator[Tuple[nn.Module, object]]:
@@ -29,7 +30,7 @@ def _families_in(model: nn.Module) -> list:
     return [f for f in FAMILIES.values() if f in seen]
 
 
-def _patch_modules(root: nn.Module, *, mlp: bool, embedding: bool) -> None:
+def _patch_modules(root: nn.Module, *, mlp: bool, embedding: bool, norm: bool = False) -> None:
     if mlp:
         for module, config in _walk(root):
             family = FAMILY_BY_MODULE.get(type(module).__module__)
@@ -47,9 +48,12 @@ def _patch_modules(root: nn.Module, *, mlp: bool, embedding: bool) -> None:
             warnings.warn(f"npu_liger: {type(root).__name__} has no input embedding to patch", stacklevel=3)
         else:
             patch_embedding(table)
+    if norm:
+        patch_norms(root)
 
 
-def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, embedding: bool = False) -> nn.Module:
+def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, embedding: bool = False,
+                   norm: bool = True) -> nn.Module:
     """Patch an already built transformers model in place and return it.
 
     - ``mlp``: every gated MLP of a supported family runs ``down_proj(op(gate_proj(x), up_proj(x)))`` with
@@ -60,6 +64,9 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
       becomes the npu_liger drop-in. The attention layers look this function up in their modeling module at
       call time, so this patch is module-wide: every model of that family in the process gets it.
     - ``embedding``: the input embedding runs ``npu_liger.embedding`` (if that op exists; else a warning).
+    - ``norm``: every RMSNorm of a supported family (decoder norms, Qwen3/Gemma3 q_norm/k_norm, the final norm)
+      runs ``npu_liger.rms_norm`` with the casting mode that reproduces it (Gemma: offset 1, gemma casting), and
+      every ``torch.nn.LayerNorm`` in the model (vision towers) runs ``npu_liger.layer_norm``. Per instance.
 
     Patching twice is harmless; ``unpatch(model)`` undoes it.
     """
@@ -71,7 +78,7 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
     if rope:
         for family in families:
             patch_rope(family)
-    _patch_modules(model, mlp=mlp, embedding=embedding)
+    _patch_modules(model, mlp=mlp, embedding=embedding, norm=norm and bool(families))
     return model
 
 
@@ -86,27 +93,29 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 
 def patch_summary(model: nn.Module) -> dict:
-    """What runs through npu_liger in ``model``: ``{"mlp": {"geglu": n, ...}, "rope": [...], "embedding": n}``."""
+    """What runs through npu_liger in ``model``:
+    ``{"mlp": {"geglu": n, ...}, "rope": [...], "embedding": n, "norm": {"rms_norm": n, "layer_norm": m}}``."""
     ops = Counter(op for op in map(patched_op, model.modules()) if op is not None)
     embeddings = sum(isinstance(m, nn.Embedding) and "forward" in _patching.instance_patches(m)
                      for m in model.modules())
     rope = [f"{family.name}.{fname}" for family in _families_in(model) for fname in rope_patched(family)]
-    return {"mlp": dict(ops), "rope": rope, "embedding": embeddings}
+    return {"mlp": dict(ops), "rope": rope, "embedding": embeddings, "norm": norm_summary(model)}
 
 
-def _hook_init(cls: type, *, mlp: bool, embedding: bool) -> None:
-    """Make ``cls.__init__`` patch each new instance (its MLPs, its embedding) once constructed."""
+def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool) -> None:
+    """Make ``cls.__init__`` patch each new instance (its MLPs, its embedding, its norms) once constructed."""
     original = _patching.original_attr(cls, "__init__")
 
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        _patch_modules(self, mlp=mlp, embedding=embedding)
+        _patch_modules(self, mlp=mlp, embedding=embedding, norm=norm)
 
     functools.update_wrapper(__init__, original)  # keeps the signature transformers inspects
     _patching.set_attr(cls, "__init__", __init__)
 
 
-def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding: bool = False) -> None:
+def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding: bool = False,
+                    norm: bool = True) -> None:
     """Patch a family before its models are built: its rotary functions now, and a hook on its decoder
     model class so every model constructed afterwards has its MLPs (and embedding) patched. Calling again
     replaces the previous settings; ``revert(name)`` restores transformers' code."""
@@ -120,8 +129,8 @@ def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding
         cls = getattr(module, cls_name, None)
         if cls is None:
             continue
-        if mlp or embedding:
-            _hook_init(cls, mlp=mlp, embedding=embedding)
+        if mlp or embedding or norm:
+            _hook_init(cls, mlp=mlp, embedding=embedding, norm=norm)
         else:
             _patching.restore_attr(cls, "__init__")
 

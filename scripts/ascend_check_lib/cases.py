@@ -113,6 +113,21 @@ def _llama4(bsz, seq, q_heads, kv_heads, hd, freqs_shape):
     return build
 
 
+def _norm(rows, cols, weight=True, bias=True, casting_mode="llama", offset=0.0):
+    """A (rows, cols) norm problem: inputs of rms_norm, fused_add_rms_norm and layer_norm (each launcher binds the
+    ones it names; the fused backward gets s = the forward's sum, grad_sum its gradient)."""
+    def build(dtype):
+        values = {name: _e(rows, cols, dtype=dtype) for name in ("x", "residual", "s", "grad_out", "grad_normed",
+                                                                  "grad_sum")}
+        values.update(weight=_e(cols, dtype=dtype) if weight else None, bias=_e(cols, dtype=dtype) if bias else None,
+                      eps=1e-6, offset=offset, casting_mode=casting_mode)
+        return values
+    return build
+
+
+_RMS_CALLS = [Call("fwd", "rms_norm_forward"), Call("bwd", "rms_norm_backward"),
+              Call("fused-fwd", "fused_add_rms_norm_forward"), Call("fused-bwd", "fused_add_rms_norm_backward")]
+
 OPS: List[Op] = [
     # 1x1: n_elements == 1 is specialised to a constant; 2 x (2^30 + 8): n_elements is i64 (offsets past 2^31)
     Op("geglu", [Problem("8192x14336", _glu(8192, 14336), bench=True), Problem("7x131", _glu(7, 131)),
@@ -137,6 +152,14 @@ OPS: List[Op] = [
     Op("llama4_rope",
        [Problem("b4 s4096 h32/8 d128", _llama4(4, 4096, 32, 8, 128, (4096, 64)), bench=True),
         Problem("b2 s7 h3/1 d72 per-batch freqs", _llama4(2, 7, 3, 1, 72, (2, 7, 36)))]),
+    # whole rows (4096; 8192 forward), looped rows (8192 backward, 16384), many narrow rows per tile (head_dim 128)
+    Op("rms_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
+                    Problem("q/k norm 524288x128 gemma", _norm(4 * 4096 * 32, 128, casting_mode="gemma", offset=1.0)),
+                    Problem("7x131 none", _norm(7, 131, casting_mode="none")), Problem("3x20000", _norm(3, 20000))],
+       _RMS_CALLS),
+    Op("layer_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
+                      Problem("1280x1280 no bias", _norm(1280, 1280, bias=False)),
+                      Problem("7x131 no affine", _norm(7, 131, weight=False, bias=False))]),
 ]
 
 

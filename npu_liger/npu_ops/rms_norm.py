@@ -1,0 +1,290 @@
+"""RMSNorm over the last dim, and its fused residual-add form.
+
+    rms_norm:            y = x * rsqrt(mean(x^2) + eps) * (offset + weight)
+    fused_add_rms_norm:  s = x + residual (rounded to x's dtype, as a decoder layer's ``residual + hidden``);
+                         (rms_norm(s), s)
+
+Casting modes reproduce where Hugging Face's modules round (statistics always in fp32):
+- ``llama`` (LlamaRMSNorm, Qwen2/3, Mistral, Llama-4): the normalised x is rounded to x's dtype, then multiplied
+  by ``offset + weight``; the result has ``promote_types(x, weight)``'s dtype, as ``weight * h.to(dtype)`` has;
+- ``gemma`` (GemmaRMSNorm, Gemma2/3, offset 1): everything in fp32, one rounding to x's dtype at the end;
+- ``none``: no upcast of the result: rstd is taken in x's dtype (as arithmetic in x's dtype gives it), the
+  product ``x * rstd * (offset + weight)`` is rounded once, to x's dtype. (Rounding every intermediate as a
+  torch computation in x's dtype would only add error; the kernel's arithmetic is fp32 in every mode.)
+
+Backward, with n = x * rstd and g = dy * (offset + weight):
+    dx = rstd * (g - n * mean(g * n))   (+ the sum output's own gradient for fused_add_rms_norm)
+    dW = sum over rows of dy * n        (n rounded as the forward rounded it before the weight multiply)
+rstd is recomputed from x rather than saved: the backward reads x anyway, and a whole-row tile gets it for one
+reduction. dW goes through per-program fp32 partials (see ``_norm.py``); dy and x are only read.
+
+Memory analysis (fp32 elements per (BLOCK_R x BLOCK_N) tile; the weight row is shared by the tile's rows):
+- forward: x as loaded, x in fp32, x^2, y before the cast -> 4.0; with a residual add: residual and s -> 6.0
+  (Ascend910B3: 192 KiB * 0.8 / (4 * 4 B) = 9830 -> 8192 columns; 6.0 -> 4096);
+- backward: x, dy, n, g, dx, the dW accumulator, + the weight row -> 7.0; with the sum's gradient -> 8.0
+  (5617 / 4915 -> 4096 columns). Wider rows loop (``_norm.plan_rows``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._norm import as_rows, check_eps, check_grad, check_norm_input, check_norm_param, plan_rows
+from ._triton import check_same_layout, grid_stride, program_start, require_launchable
+
+CASTING_MODES = {"llama": 0, "gemma": 1, "none": 2}
+LLAMA: tl.constexpr = tl.constexpr(0)
+GEMMA: tl.constexpr = tl.constexpr(1)
+
+FORWARD_MEMORY_MULTIPLIER = 4.0
+FUSED_FORWARD_MEMORY_MULTIPLIER = 6.0
+BACKWARD_MEMORY_MULTIPLIER = 7.0
+FUSED_BACKWARD_MEMORY_MULTIPLIER = 8.0
+
+
+@triton.jit
+def _round_to(x, like_ptr):
+    """x (fp32) rounded to the element type of ``like_ptr`` and back to fp32."""
+    return x.to(like_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _rms_scale(x, rstd, w, x_ptr, CASTING: tl.constexpr):
+    """y in fp32 (before the store's cast) from x, rstd (per row) and w = offset + weight, all fp32, rounded
+    where the casting mode rounds (module docstring)."""
+    if CASTING == LLAMA:
+        y = _round_to(x * rstd, x_ptr) * w
+    elif CASTING == GEMMA:
+        y = x * rstd * w
+    else:
+        y = x * _round_to(rstd, x_ptr) * w
+    return y
+
+
+@triton.jit
+def _rms_weight_factor(n, x_ptr, CASTING: tl.constexpr):
+    """What multiplies the weight in the forward (dW = sum dy * this): n as the casting mode rounded it."""
+    if CASTING == LLAMA:
+        f = _round_to(n, x_ptr)
+    else:
+        f = n
+    return f
+
+
+@triton.jit
+def _load_input(x_ptr, r_ptr, s_ptr, rows, cols, mask, x_stride, r_stride, n_cols, HAS_RESIDUAL: tl.constexpr):
+    """x's tile in fp32; with a residual, s = x + residual rounded to x's dtype (stored to s_ptr) instead."""
+    x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + rows * r_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + rows * n_cols + cols, s, mask=mask)
+        x = s.to(tl.float32)
+    return x
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_stride, r_stride, eps, offset,
+                         CASTING: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WHOLE_ROW: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    row_ids = tl.arange(0, BLOCK_R)[:, None]
+    col_ids = tl.arange(0, BLOCK_N)[None, :]
+    if WHOLE_ROW:  # BLOCK_R whole rows per tile: x read once
+        col_mask = col_ids < n_cols
+        w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32) + offset
+        for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
+            rows = start + row_ids
+            mask = (rows < n_rows) & col_mask
+            x = _load_input(x_ptr, r_ptr, s_ptr, rows, col_ids, mask, x_stride, r_stride, n_cols, HAS_RESIDUAL)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+            y = _rms_scale(x, rstd[:, None], w, x_ptr, CASTING)
+            tl.store(y_ptr + rows * n_cols + col_ids, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:  # one row (BLOCK_R == 1) in BLOCK_N chunks: pass 1 sums squares (and writes s), pass 2 normalises
+        for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
+            rows = start + row_ids
+            row_ok = rows < n_rows
+            acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+            for c in tl.range(0, n_cols, BLOCK_N):
+                cols = c + col_ids
+                mask = row_ok & (cols < n_cols)
+                x = _load_input(x_ptr, r_ptr, s_ptr, rows, cols, mask, x_stride, r_stride, n_cols, HAS_RESIDUAL)
+                acc += x * x
+            rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1)[:, None] / n_cols + eps)
+            for c in tl.range(0, n_cols, BLOCK_N):
+                cols = c + col_ids
+                mask = row_ok & (cols < n_cols)
+                if HAS_RESIDUAL:  # s, as pass 1 rounded and stored it
+                    x = tl.load(s_ptr + rows * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32) + offset
+                y = _rms_scale(x, rstd, w, x_ptr, CASTING)
+                tl.store(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, n_cols, dy_stride, x_stride,
+                         ds_stride, eps, offset, CASTING: tl.constexpr, HAS_GRAD_SUM: tl.constexpr,
+                         WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx (module docstring) and this program's share of dW into row ``program_id`` of dw_ptr (programs, n_cols),
+    fp32. ds_ptr: the fused op's gradient of s, added to dx (HAS_GRAD_SUM)."""
+    row_ids = tl.arange(0, BLOCK_R)[:, None]
+    col_ids = tl.arange(0, BLOCK_N)[None, :]
+    dw_cols = tl.arange(0, BLOCK_N)
+    dw_row = dw_ptr + tl.program_id(0).to(tl.int64) * n_cols
+    if WHOLE_ROW:
+        col_mask = col_ids < n_cols
+        w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32) + offset
+        dw_acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+        for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
+            rows = start + row_ids
+            mask = (rows < n_rows) & col_mask
+            x = tl.load(x_ptr + rows * x_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + rows * dy_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1)[:, None] / n_cols + eps)
+            n = x * rstd
+            g = dy * w
+            dx = (g - n * (tl.sum(g * n, axis=1)[:, None] / n_cols)) * rstd
+            if HAS_GRAD_SUM:
+                dx += tl.load(ds_ptr + rows * ds_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + rows * n_cols + col_ids, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw_acc += dy * _rms_weight_factor(n, x_ptr, CASTING)  # masked rows and columns add 0
+        tl.store(dw_row + dw_cols, tl.sum(dw_acc, axis=0), mask=dw_cols < n_cols)
+    else:  # one row in chunks: pass 1 rstd, pass 2 sum(g * x), pass 3 dx and dW (dw_ptr zero-initialised)
+        for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
+            rows = start + row_ids
+            row_ok = rows < n_rows
+            sq = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+            gx = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+            for c in tl.range(0, n_cols, BLOCK_N):
+                cols = c + col_ids
+                mask = row_ok & (cols < n_cols)
+                x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                sq += x * x
+            rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=1)[:, None] / n_cols + eps)
+            for c in tl.range(0, n_cols, BLOCK_N):
+                cols = c + col_ids
+                mask = row_ok & (cols < n_cols)
+                x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + rows * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32) + offset
+                gx += dy * w * x
+            mean_gn = tl.sum(gx, axis=1)[:, None] * rstd / n_cols  # mean(g * n) = rstd * sum(g * x) / n_cols
+            for c in tl.range(0, n_cols, BLOCK_N):
+                cols = c + col_ids
+                mask = row_ok & (cols < n_cols)
+                x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + rows * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32) + offset
+                n = x * rstd
+                dx = (dy * w - n * mean_gn) * rstd
+                if HAS_GRAD_SUM:
+                    dx += tl.load(ds_ptr + rows * ds_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dx_ptr + rows * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                dw_mask = c + dw_cols < n_cols
+                partial = tl.load(dw_row + c + dw_cols, mask=dw_mask, other=0.0)
+                partial += tl.sum(dy * _rms_weight_factor(n, x_ptr, CASTING), axis=0)
+                tl.store(dw_row + c + dw_cols, partial, mask=dw_mask)
+
+
+def rms_norm_output_dtype(x_dtype: torch.dtype, weight_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
+    """llama: ``weight * h.to(x.dtype)`` promotes (fp32 weight, bf16 x -> fp32); gemma, none: x's dtype."""
+    return torch.promote_types(x_dtype, weight_dtype) if casting_mode == "llama" else x_dtype
+
+
+def check_rms_norm_inputs(x: torch.Tensor, weight: torch.Tensor, eps, offset, casting_mode: str,
+                          residual: Optional[torch.Tensor] = None) -> None:
+    check_norm_input("x", x)
+    if residual is not None:
+        check_same_layout("residual", residual, "x", x)
+    check_norm_param("weight", weight, x)
+    check_eps(eps)
+    if isinstance(offset, bool) or not isinstance(offset, (int, float, torch.SymFloat, torch.SymInt)):
+        raise TypeError(f"offset must be a float, got {type(offset).__name__}")
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"casting_mode must be one of {', '.join(map(repr, CASTING_MODES))}, got {casting_mode!r}")
+
+
+def _forward(x, residual, weight, eps, offset, casting_mode):
+    y = torch.empty(x.shape, dtype=rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode), device=x.device)
+    s = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
+    if x.numel() == 0:
+        return y, s
+    require_launchable(x.device)
+    n_cols = x.shape[-1]
+    x2 = as_rows(x, n_cols)
+    r2 = as_rows(residual, n_cols) if residual is not None else x2
+    n_rows = x2.shape[0]
+    multiplier = FORWARD_MEMORY_MULTIPLIER if residual is None else FUSED_FORWARD_MEMORY_MULTIPLIER
+    tiles = plan_rows(x.device.type, n_rows, n_cols, multiplier, persistent=False)
+    _rms_norm_fwd_kernel[(tiles.grid,)](
+        x2, r2, weight, y, s if s is not None else y, n_rows, n_cols, x2.stride(0), r2.stride(0), float(eps),
+        float(offset), CASTING=CASTING_MODES[casting_mode], HAS_RESIDUAL=residual is not None,
+        WHOLE_ROW=tiles.whole_row, BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols, **tiles.options
+    )
+    return y, s
+
+
+def _backward(dy, x, weight, ds, eps, offset, casting_mode):
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_cols = x.shape[-1]
+    if x.numel() == 0:  # no rows: the weight gradient is a sum over nothing
+        return dx, torch.zeros(weight.shape, dtype=weight.dtype, device=x.device)
+    require_launchable(x.device)
+    x2, dy2 = as_rows(x, n_cols), as_rows(dy, n_cols)
+    ds2 = as_rows(ds, n_cols) if ds is not None else x2
+    n_rows = x2.shape[0]
+    multiplier = BACKWARD_MEMORY_MULTIPLIER if ds is None else FUSED_BACKWARD_MEMORY_MULTIPLIER
+    tiles = plan_rows(x.device.type, n_rows, n_cols, multiplier, persistent=True)
+    alloc = torch.empty if tiles.whole_row else torch.zeros  # the looped path accumulates into its row
+    dw_partial = alloc((tiles.grid, n_cols), dtype=torch.float32, device=x.device)
+    _rms_norm_bwd_kernel[(tiles.grid,)](
+        dy2, x2, weight, ds2, dx, dw_partial, n_rows, n_cols, dy2.stride(0), x2.stride(0), ds2.stride(0),
+        float(eps), float(offset), CASTING=CASTING_MODES[casting_mode], HAS_GRAD_SUM=ds is not None,
+        WHOLE_ROW=tiles.whole_row, BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols, **tiles.options
+    )
+    return dx, dw_partial.sum(0).to(weight.dtype)
+
+
+def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
+                     casting_mode: str = "llama") -> torch.Tensor:
+    check_rms_norm_inputs(x, weight, eps, offset, casting_mode)
+    return _forward(x, None, weight, eps, offset, casting_mode)[0]
+
+
+def fused_add_rms_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                               offset: float = 0.0, casting_mode: str = "llama") -> Tuple[torch.Tensor, torch.Tensor]:
+    check_rms_norm_inputs(x, weight, eps, offset, casting_mode, residual)
+    return _forward(x, residual, weight, eps, offset, casting_mode)
+
+
+def check_rms_norm_grad(name: str, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                        casting_mode: str) -> None:
+    check_grad(name, grad, x.shape, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode), x.device)
+
+
+def rms_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                      casting_mode: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight)."""
+    check_rms_norm_inputs(x, weight, eps, offset, casting_mode)
+    check_rms_norm_grad("grad_out", grad_out, x, weight, casting_mode)
+    return _backward(grad_out, x, weight, None, eps, offset, casting_mode)
+
+
+def check_fused_add_rms_norm_backward_inputs(grad_normed, grad_sum, s, weight, eps, offset, casting_mode) -> None:
+    check_rms_norm_inputs(s, weight, eps, offset, casting_mode)
+    check_rms_norm_grad("grad_normed", grad_normed, s, weight, casting_mode)
+    if grad_sum is not None:
+        check_grad("grad_sum", grad_sum, s.shape, s.dtype, s.device)
+
+
+def fused_add_rms_norm_backward(grad_normed: torch.Tensor, grad_sum: Optional[torch.Tensor], s: torch.Tensor,
+                                weight: torch.Tensor, eps: float, offset: float,
+                                casting_mode: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(gradient of s = the gradient of x and of residual, grad_weight); s is the forward's sum output."""
+    check_fused_add_rms_norm_backward_inputs(grad_normed, grad_sum, s, weight, eps, offset, casting_mode)
+    return _backward(grad_normed, s, weight, grad_sum, eps, offset, casting_mode)

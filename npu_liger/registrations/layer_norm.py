@@ -1,0 +1,65 @@
+"""npu_liger::layer_norm and npu_liger::layer_norm_backward: schema -> fake -> device kernels -> autograd."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..npu_ops._norm import check_grad
+from ..npu_ops.layer_norm import check_layer_norm_inputs, layer_norm_backward, layer_norm_forward
+from ._op import define_autograd, define_op, eager_kernels_allowed, forbid_double_backward
+
+
+__all__ = ["layer_norm"]
+
+
+def _layer_norm_fake(x, weight=None, bias=None, eps=1e-5):
+    check_layer_norm_inputs(x, weight, bias, eps)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _layer_norm_backward_fake(grad_out, x, weight, bias, eps):
+    check_layer_norm_inputs(x, weight, bias, eps)
+    check_grad("grad_out", grad_out, x.shape, x.dtype, x.device)
+    n_cols = x.shape[-1]
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(n_cols, dtype=x.dtype if weight is None else weight.dtype, device=x.device),
+            torch.empty(n_cols, dtype=x.dtype if bias is None else bias.dtype, device=x.device))
+
+
+layer_norm_op = define_op("layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
+                          kernel=layer_norm_forward, fake=_layer_norm_fake)
+layer_norm_backward_op = define_op(
+    "layer_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, float eps)"
+    " -> (Tensor, Tensor, Tensor)",
+    kernel=layer_norm_backward, fake=_layer_norm_backward_fake)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight, bias)  # bias: only its dtype is used (no copy is made)
+    ctx.eps = eps
+
+
+def _backward(ctx, grad_out):
+    x, weight, bias = ctx.saved_tensors
+    present = [t for t in (grad_out, x, weight, bias) if t is not None]
+    if eager_kernels_allowed(*present):  # plain eager backward: skip the dispatcher
+        grad_x, grad_w, grad_b = layer_norm_backward(grad_out, x, weight, bias, ctx.eps)
+    else:
+        grad_x, grad_w, grad_b = layer_norm_backward_op(grad_out, x, weight, bias, ctx.eps)
+    return grad_x, grad_w if weight is not None else None, grad_b if bias is not None else None, None
+
+
+_layer_norm_entry = define_autograd(layer_norm_op, backward=_backward, setup_context=_setup_context,
+                                    kernel=layer_norm_forward)
+forbid_double_backward(layer_norm_backward_op, "layer_norm")
+
+
+def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """``F.layer_norm(x, x.shape[-1:], weight, bias, eps)`` with statistics in fp32:
+    ``torch.ops.npu_liger.layer_norm``. weight and bias are optional and may differ from x in dtype (the result
+    is in x's dtype, their gradients in theirs)."""
+    return _layer_norm_entry(x, weight, bias, eps)

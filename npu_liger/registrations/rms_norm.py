@@ -1,0 +1,117 @@
+"""npu_liger::rms_norm, npu_liger::fused_add_rms_norm and their backward ops: schema -> fake -> device kernels ->
+autograd."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from ..npu_ops.rms_norm import (check_fused_add_rms_norm_backward_inputs, check_rms_norm_grad,
+                                check_rms_norm_inputs, fused_add_rms_norm_backward, fused_add_rms_norm_forward,
+                                rms_norm_backward, rms_norm_forward, rms_norm_output_dtype)
+from ._op import define_autograd, define_op, eager_kernels_allowed, forbid_double_backward
+
+
+__all__ = ["rms_norm", "fused_add_rms_norm"]
+
+
+def _present(*tensors):
+    return [t for t in tensors if t is not None]  # the optional grad_sum may be None
+
+
+def _new_like(x, dtype=None):
+    return torch.empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
+
+
+def _rms_norm_fake(x, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
+    check_rms_norm_inputs(x, weight, eps, offset, casting_mode)
+    return _new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode))
+
+
+def _rms_norm_backward_fake(grad_out, x, weight, eps, offset, casting_mode):
+    check_rms_norm_inputs(x, weight, eps, offset, casting_mode)
+    check_rms_norm_grad("grad_out", grad_out, x, weight, casting_mode)
+    return _new_like(x), _new_like(weight)
+
+
+def _fused_add_rms_norm_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
+    check_rms_norm_inputs(x, weight, eps, offset, casting_mode, residual)
+    return _new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode)), _new_like(x)
+
+
+def _fused_add_rms_norm_backward_fake(grad_normed, grad_sum, s, weight, eps, offset, casting_mode):
+    check_fused_add_rms_norm_backward_inputs(grad_normed, grad_sum, s, weight, eps, offset, casting_mode)
+    return _new_like(s), _new_like(weight)
+
+
+_ARGS = 'float eps=1e-06, float offset=0.0, str casting_mode="llama"'
+rms_norm_op = define_op(f"rms_norm(Tensor x, Tensor weight, {_ARGS}) -> Tensor", kernel=rms_norm_forward,
+                        fake=_rms_norm_fake)
+rms_norm_backward_op = define_op(
+    "rms_norm_backward(Tensor grad_out, Tensor x, Tensor weight, float eps, float offset, str casting_mode)"
+    " -> (Tensor, Tensor)",
+    kernel=rms_norm_backward, fake=_rms_norm_backward_fake)
+fused_add_rms_norm_op = define_op(
+    f"fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, {_ARGS}) -> (Tensor, Tensor)",
+    kernel=fused_add_rms_norm_forward, fake=_fused_add_rms_norm_fake)
+fused_add_rms_norm_backward_op = define_op(
+    "fused_add_rms_norm_backward(Tensor grad_normed, Tensor? grad_sum, Tensor s, Tensor weight, float eps,"
+    " float offset, str casting_mode) -> (Tensor, Tensor)",
+    kernel=fused_add_rms_norm_backward, fake=_fused_add_rms_norm_backward_fake)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, eps, offset, casting_mode = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.args = (eps, offset, casting_mode)
+
+
+def _backward(ctx, grad_out):
+    x, weight = ctx.saved_tensors
+    if eager_kernels_allowed(grad_out, x, weight):  # plain eager backward: skip the dispatcher
+        grad_x, grad_w = rms_norm_backward(grad_out, x, weight, *ctx.args)
+    else:
+        grad_x, grad_w = rms_norm_backward_op(grad_out, x, weight, *ctx.args)
+    return grad_x, grad_w, None, None, None
+
+
+def _fused_setup_context(ctx, inputs, output):
+    _, _, weight, eps, offset, casting_mode = inputs
+    ctx.save_for_backward(output[1], weight)  # s: the normalised input, all the backward needs of x and residual
+    ctx.args = (eps, offset, casting_mode)
+
+
+def _fused_backward(ctx, grad_normed, grad_sum):
+    s, weight = ctx.saved_tensors
+    if eager_kernels_allowed(*_present(grad_normed, grad_sum, s, weight)):
+        grad_s, grad_w = fused_add_rms_norm_backward(grad_normed, grad_sum, s, weight, *ctx.args)
+    else:
+        grad_s, grad_w = fused_add_rms_norm_backward_op(grad_normed, grad_sum, s, weight, *ctx.args)
+    return grad_s, grad_s, grad_w, None, None, None  # s = x + residual: both get grad_s
+
+
+_rms_norm_entry = define_autograd(rms_norm_op, backward=_backward, setup_context=_setup_context,
+                                  kernel=rms_norm_forward)
+_fused_add_rms_norm_entry = define_autograd(fused_add_rms_norm_op, backward=_fused_backward,
+                                            setup_context=_fused_setup_context, kernel=fused_add_rms_norm_forward)
+forbid_double_backward(rms_norm_backward_op, "rms_norm")
+forbid_double_backward(fused_add_rms_norm_backward_op, "fused_add_rms_norm")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
+             casting_mode: str = "llama") -> torch.Tensor:
+    """RMSNorm over the last dim, ``x * rsqrt(mean(x^2) + eps) * (offset + weight)``:
+    ``torch.ops.npu_liger.rms_norm``. ``casting_mode`` reproduces Hugging Face's rounding: ``"llama"``
+    (LlamaRMSNorm, Qwen, Mistral, Llama-4; the result has ``promote_types(x, weight)``'s dtype), ``"gemma"``
+    (GemmaRMSNorm with ``offset=1.0``; x's dtype), ``"none"`` (rstd taken in x's dtype, x's dtype result).
+    Rows wider than one tile are walked in chunks; grads for x and weight (the incoming gradient is never
+    written)."""
+    return _rms_norm_entry(x, weight, eps, offset, casting_mode)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                       offset: float = 0.0, casting_mode: str = "llama") -> Tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual`` (in x's dtype) and ``(rms_norm(s, weight, ...), s)`` in one kernel, as a decoder
+    layer's ``residual + hidden`` followed by its norm: ``torch.ops.npu_liger.fused_add_rms_norm``."""
+    return _fused_add_rms_norm_entry(x, residual, weight, eps, offset, casting_mode)

@@ -1,0 +1,119 @@
+"""Per-instance patches of the norms in transformers models: every family's RMSNorm class -> ``npu_liger.rms_norm``
+with the casting mode that reproduces its rounding, and ``torch.nn.LayerNorm`` (vision towers) ->
+``npu_liger.layer_norm``.
+
+Each class's forward source is checked against the computation npu_liger reproduces (as ``modules.py`` does for
+MLPs): a transformers release that changed it is left alone, with a warning.
+
+The residual add before a decoder layer's norm is not fused here: it sits in each family's decoder-layer forward
+(with its attention/cache arguments), which would have to be rewritten per family and per release;
+``npu_liger.fused_add_rms_norm`` is there for model code written against it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections import Counter
+from typing import Dict, Optional, Tuple
+
+from torch import nn
+
+import npu_liger
+
+from .families import FAMILY_BY_MODULE
+from .modules import _patch_forward
+
+
+def _llama_rms_forward(self, hidden_states):
+    """LlamaRMSNorm and its copies: ``weight * normalised(x).to(x.dtype)``."""
+    return npu_liger.rms_norm(hidden_states, self.weight, self.variance_epsilon, 0.0, "llama")
+
+
+def _llama4_rms_forward(self, x):
+    """Llama4TextRMSNorm: ``normalised(x).type_as(x) * weight`` (the llama rounding, with its ``eps`` name)."""
+    return npu_liger.rms_norm(x, self.weight, self.eps, 0.0, "llama")
+
+
+def _gemma_rms_forward(self, x):
+    """GemmaRMSNorm (Gemma 1/2/3): ``(normalised(x) * (1 + weight.float())).type_as(x)``, all fp32."""
+    return npu_liger.rms_norm(x, self.weight, self.eps, 1.0, "gemma")
+
+
+def _layer_norm_forward(self, x):
+    return npu_liger.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+# Fragments of each class's forward (and ``_norm``) source, whitespace removed, that must all be present.
+_LLAMA_SOURCE = ("hidden_states.to(torch.float32)", "variance=hidden_states.pow(2).mean(-1,keepdim=True)",
+                 "hidden_states*torch.rsqrt(variance+self.variance_epsilon)",
+                 "returnself.weight*hidden_states.to(input_dtype)")
+_NORM_METHOD = "returnx*torch.rsqrt(x.pow(2).mean(-1,keepdim=True)+self.eps)"
+_LLAMA4_SOURCE = (_NORM_METHOD, "output=self._norm(x.float()).type_as(x)", "returnoutput*self.weight")
+_GEMMA_SOURCE = (_NORM_METHOD, "output=self._norm(x.float())", "output=output*(1.0+self.weight.float())",
+                 "returnoutput.type_as(x)")
+
+# class name -> (patched forward, source fragments). Only classes defined in a supported family's modeling
+# module are patched (FAMILY_BY_MODULE).
+RMS_NORM_CLASSES: Dict[str, Tuple] = {
+    **{name: (_llama_rms_forward, _LLAMA_SOURCE)
+       for name in ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen2VLRMSNorm")},
+    **{name: (_gemma_rms_forward, _GEMMA_SOURCE) for name in ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")},
+    "Llama4TextRMSNorm": (_llama4_rms_forward, _LLAMA4_SOURCE),
+}
+NORM_OPS = {_llama_rms_forward: "rms_norm", _llama4_rms_forward: "rms_norm", _gemma_rms_forward: "rms_norm",
+            _layer_norm_forward: "layer_norm"}
+
+
+@functools.lru_cache(maxsize=None)
+def _source(cls: type) -> Optional[str]:
+    """forward's source and, where the class has one, ``_norm``'s, whitespace removed (None: no source)."""
+    try:
+        parts = [inspect.getsource(cls.forward)]
+        if hasattr(cls, "_norm"):
+            parts.append(inspect.getsource(cls._norm))
+    except (OSError, TypeError):
+        return None
+    return "".join("".join(parts).split())
+
+
+def _known(module: nn.Module, fragments) -> bool:
+    source = _source(type(module))
+    if source is None or all(f in source for f in fragments):
+        return True
+    warnings.warn(f"npu_liger: {type(module).__name__}.forward is not the computation npu_liger knows (a "
+                  f"different transformers version?); left unpatched", stacklevel=5)
+    return False
+
+
+def patch_norms(root: nn.Module, *, layer_norm: bool = True) -> int:
+    """Patch every known RMSNorm of a supported family under ``root`` and, with ``layer_norm``, every plain
+    ``torch.nn.LayerNorm`` over one dim (elementwise affine or not); returns how many modules were patched."""
+    patched = 0
+    for module in root.modules():
+        cls = type(module)
+        entry = RMS_NORM_CLASSES.get(cls.__name__) if cls.__module__ in FAMILY_BY_MODULE else None
+        if entry is not None:
+            forward, fragments = entry
+            if _known(module, fragments):
+                _patch_forward(module, forward)
+                patched += 1
+        elif layer_norm and cls is nn.LayerNorm and len(module.normalized_shape) == 1:
+            _patch_forward(module, _layer_norm_forward)
+            patched += 1
+    return patched
+
+
+def patched_norm_op(module: nn.Module) -> Optional[str]:
+    """The npu_liger op a patched norm runs (None if not a patched norm)."""
+    forward = module.__dict__.get("forward")
+    return NORM_OPS.get(getattr(forward, "__func__", None))
+
+
+def norm_summary(model: nn.Module) -> Dict[str, int]:
+    """``{"rms_norm": n, "layer_norm": m}`` for the patched norms of ``model`` (ops that run none are omitted)."""
+    return dict(Counter(op for op in map(patched_norm_op, model.modules()) if op is not None))
+
+
+__all__ = ["RMS_NORM_CLASSES", "norm_summary", "patch_norms", "patched_norm_op"]
