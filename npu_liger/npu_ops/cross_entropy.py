@@ -1,0 +1,229 @@
+"""Cross entropy over (BT, V) logit rows, loss and gradient in one launch.
+
+Per row with target t (rows whose target equals ignore_index count for nothing):
+
+    z    = softcap * tanh(x / softcap)               (x itself without softcap)
+    lse  = logsumexp(z)
+    loss = lse - (1 - eps) * z[t] - eps / V * sum(z) + lse_square_scale * lse**2
+    dz   = softmax(z) * (1 + 2 * lse_square_scale * lse) - (1 - eps) * onehot(t) - eps / V
+    dx   = dz * (1 - (z / softcap)**2)                (dz itself without softcap)
+
+which is ``F.cross_entropy(z, t, label_smoothing=eps)`` per row plus the z-loss. ``mean`` divides by the number
+of valid rows, counted on the device (no host synchronisation) and clamped to 1, so no valid row gives 0 and
+zero gradients. The loss is fp32 for any logits dtype; the gradient is in the logits' dtype.
+
+One program walks whole rows (persistent grid-stride loop over rows). Pass 1 loops over V in UB-sized blocks
+with an online log-sum-exp (running max m and sum d of exp(z - m)) and the running sum of z for label
+smoothing; the target's logit is one scalar load. Pass 2 (only when a gradient is wanted) walks the row again
+and writes ``dx * scale`` (scale = 1 / valid rows for ``mean``, else 1) into ``grad``: a new buffer for the op,
+or the logits buffer itself for the fused linear cross entropy, whose chunk logits are private (each block is
+read before the same program overwrites it, so in place is safe).
+
+Out-of-range targets (not ignore_index, outside [0, V)): the kernel never reads outside the row (the target's
+column is clamped before its load) and writes a NaN loss for that row. Besides, the launcher raises
+``ValueError`` on CPU (a host check, no cost there) and queues ``torch._assert_async`` on CUDA (a device-side
+assert, as ``F.cross_entropy`` does; no host synchronisation). Other devices rely on the NaN loss.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..tiling import TileRequest, plan_launch
+from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, program_start, require_launchable
+
+REDUCTIONS = ("none", "sum", "mean")
+TARGET_DTYPES = (torch.int32, torch.int64)
+
+# Memory analysis (fp32 arithmetic: tiles sized in fp32 elements). One row at a time, V tiled by BLOCK_V.
+# Pass 1, per element: x (upcast), z (softcapped), exp(z - m), and the masked z for the smoothing sum: ~4 live.
+# Pass 2, per element: x, z, softmax, the one-hot compare, dz and the softcap derivative: ~6 live.
+# Both passes share BLOCK_V, so the larger one sizes it: memory_multiplier 6.0
+#   (Ascend910B3: 192 KiB * 0.8 / (6.0 * 4 B) = 6553 -> BLOCK_V 4096).
+# shapes: ((V,),), tiling_dims: (0,) -> the vocab dimension is tiled, no fixed dims.
+MEMORY_MULTIPLIER = 6.0
+
+
+@triton.jit
+def _softcapped(x, softcap, HAS_SOFTCAP: tl.constexpr):
+    if HAS_SOFTCAP:  # softcap * tanh(x / softcap), with tanh(y) = 2 * sigmoid(2y) - 1 (no libdevice tanh)
+        x = (tl.sigmoid(x * 2.0 / softcap) * 2.0 - 1.0) * softcap
+    return x
+
+
+@triton.jit(do_not_specialize=["n_rows", "ignore_index"])
+def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, loss_ptr, grad_ptr, scale_ptr, n_rows, n_cols,
+                              logits_stride_row, logits_stride_col, target_stride, grad_stride_row, scale_stride,
+                              ignore_index, label_smoothing, softcap, lse_square_scale,
+                              HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr,
+                              COMPUTE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr):
+    for row in tl.range(program_start(1), n_rows, grid_stride(1)):
+        row_ptr = logits_ptr + row * logits_stride_row
+        target = tl.load(target_ptr + row * target_stride).to(tl.int64)
+        valid = target != ignore_index
+        in_range = (target >= 0) & (target < n_cols)
+        read_cols = tl.where(valid, n_cols, 0)  # an ignored row reads nothing
+        # Pass 1: online log-sum-exp. m starts finite so exp(m - m_new) never sees inf - inf.
+        m = -1e30
+        d = 0.0
+        z_sum = 0.0
+        for start in tl.range(0, n_cols, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            load_mask = cols < read_cols
+            x = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_col, mask=load_mask, other=0.0).to(tl.float32)
+            z = tl.where(load_mask, _softcapped(x, softcap, HAS_SOFTCAP), float("-inf"))
+            m_new = tl.maximum(m, tl.max(z, axis=0))
+            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+            m = m_new
+            if HAS_SMOOTHING:
+                z_sum += tl.sum(tl.where(load_mask, z, 0.0), axis=0)
+        lse = tl.where(valid, m + tl.log(tl.maximum(d, 1e-30)), 0.0)  # an ignored row has d = 0: keep it finite
+        # The target's logit: its column clamped into the row, so a bad target never reads outside it.
+        safe_target = tl.where(in_range, target, 0)
+        z_target = _softcapped(tl.load(row_ptr + safe_target * logits_stride_col).to(tl.float32), softcap,
+                               HAS_SOFTCAP)
+        loss = lse - z_target * (1.0 - label_smoothing)
+        if HAS_SMOOTHING:
+            loss -= z_sum * (label_smoothing / n_cols)
+        if HAS_Z_LOSS:
+            loss += lse * lse * lse_square_scale
+        loss = tl.where(in_range, loss, float("nan"))  # a bad target poisons the loss
+        tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+        if COMPUTE_GRAD:
+            # Pass 2: the gradient of the row, scaled; exact zeros for an ignored row.
+            # 1 / valid rows (mean), 1, or the row's incoming gradient (stride 1): read on the device
+            scale = tl.load(scale_ptr + row * scale_stride)
+            softmax_scale = 1.0
+            if HAS_Z_LOSS:
+                softmax_scale = lse * lse_square_scale * 2.0 + 1.0
+            grad_row = grad_ptr + row * grad_stride_row
+            for start in tl.range(0, n_cols, BLOCK_V):
+                cols = start + tl.arange(0, BLOCK_V)
+                load_mask = cols < read_cols
+                x = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_col, mask=load_mask,
+                            other=0.0).to(tl.float32)
+                z = _softcapped(x, softcap, HAS_SOFTCAP)
+                dz = tl.exp(z - lse) * softmax_scale - tl.where(cols == target, 1.0 - label_smoothing, 0.0)
+                if HAS_SMOOTHING:
+                    dz -= label_smoothing / n_cols
+                if HAS_SOFTCAP:
+                    tanh = z / softcap
+                    dz = dz * (1.0 - tanh * tanh)
+                dz = tl.where(load_mask, dz * scale, 0.0)
+                tl.store(grad_row + cols.to(tl.int64), dz.to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def check_cross_entropy_args(target: torch.Tensor, n_rows, ignore_index: int, reduction: str,
+                             label_smoothing: float, softcap: Optional[float], lse_square_scale: float,
+                             ref_name: str, ref: torch.Tensor) -> None:
+    """Checks shared by cross_entropy and fused_linear_cross_entropy (``ref``: the tensor whose rows the
+    targets label)."""
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype not in TARGET_DTYPES:
+        raise TypeError(f"target must be int32 or int64, got {target.dtype}")
+    if target.dim() != 1 or target.shape[0] != n_rows:
+        raise ValueError(f"target must have shape (BT,) = ({n_rows},) to match {ref_name}, "
+                         f"got {tuple(target.shape)}")
+    if target.device != ref.device:
+        raise RuntimeError(f"target must be on the device of {ref_name} ({ref.device}), got {target.device}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, torch.SymInt)):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if softcap is not None and not softcap > 0.0:
+        raise ValueError(f"softcap must be None or > 0, got {softcap}")
+    if not lse_square_scale >= 0.0:
+        raise ValueError(f"lse_square_scale must be >= 0, got {lse_square_scale}")
+
+
+def check_cross_entropy_inputs(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+                               label_smoothing: float, softcap: Optional[float], lse_square_scale: float) -> None:
+    check_float_tensor("logits", logits)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D (BT, V), got shape {tuple(logits.shape)}")
+    check_cross_entropy_args(target, logits.shape[0], ignore_index, reduction, label_smoothing, softcap,
+                             lse_square_scale, "logits", logits)
+
+
+def check_targets(target: torch.Tensor, ignore_index: int, n_cols: int) -> None:
+    """Targets other than ignore_index must lie in [0, V): a host check on CPU, a device assert on CUDA."""
+    if target.numel() == 0:
+        return
+    bad = (target != ignore_index) & ((target < 0) | (target >= n_cols))
+    if target.device.type == "cpu":
+        if bad.any():
+            value = target[bad][0].item()
+            raise ValueError(f"target {value} is out of range for {n_cols} classes: targets must be in [0, {n_cols}) "
+                             f"or equal ignore_index ({ignore_index})")
+    elif target.device.type == "cuda":
+        torch._assert_async(~bad.any(), f"cross entropy: a target is outside [0, {n_cols}) and not ignore_index")
+
+
+def grad_scale(target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    """What each row's loss and gradient are multiplied by: 1 / valid rows for ``mean`` (a device scalar, no
+    sync; clamped so that no valid row gives 0), else 1. fp32, 0-d."""
+    if reduction != "mean":
+        return torch.ones((), dtype=torch.float32, device=target.device)
+    return 1.0 / (target != ignore_index).sum().clamp_min(1).to(torch.float32)
+
+
+def reduce_rows(row_losses: torch.Tensor, scale: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return row_losses
+    total = row_losses.sum()
+    return total * scale if reduction == "mean" else total
+
+
+def launch_rows(logits: torch.Tensor, target: torch.Tensor, row_losses: torch.Tensor, grad: Optional[torch.Tensor],
+                scale: torch.Tensor, ignore_index: int, label_smoothing: float, softcap: Optional[float],
+                lse_square_scale: float) -> None:
+    """Run the kernel over ``logits`` rows: per-row fp32 losses into ``row_losses`` and, with ``grad`` (a
+    unit-column-stride buffer of logits' shape, possibly ``logits`` itself), the gradient times ``scale`` (an
+    fp32 0-d tensor, or one value per row)."""
+    n_rows, n_cols = logits.shape
+    if n_rows == 0:
+        return
+    if n_cols == 0:
+        row_losses.fill_(float("nan"))  # no class to be right about: every valid row is out of range
+        row_losses.masked_fill_(target == ignore_index, 0.0)
+        return
+    require_launchable(logits.device)
+    # Tiles and memory multiplier: see MEMORY_MULTIPLIER above.
+    plan = plan_launch(logits.device.type, TileRequest(MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE))
+    compute_grad = grad is not None
+    if grad is not None and grad.stride(1) != 1:
+        raise RuntimeError("cross entropy: the gradient buffer must have unit column stride")
+    grad_arg = grad if compute_grad else row_losses  # never written: COMPUTE_GRAD is off
+    _cross_entropy_fwd_kernel[(plan.grid(n_rows),)](
+        logits, target, row_losses, grad_arg, scale, n_rows, n_cols, logits.stride(0), logits.stride(1),
+        target.stride(0), grad.stride(0) if compute_grad else 0, scale.stride(0) if scale.dim() else 0, ignore_index, float(label_smoothing),
+        float(softcap) if softcap is not None else 1.0, float(lse_square_scale), HAS_SOFTCAP=softcap is not None,
+        HAS_SMOOTHING=label_smoothing > 0.0, HAS_Z_LOSS=lse_square_scale > 0.0, COMPUTE_GRAD=compute_grad,
+        BLOCK_V=plan.block, **plan.launch_options()
+    )
+
+
+def cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                          reduction: str = "mean", label_smoothing: float = 0.0, softcap: Optional[float] = None,
+                          lse_square_scale: float = 0.0, compute_grad: bool = False
+                          ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(loss, grad_logits): the loss (fp32; (BT,) for ``none``, else 0-d) and, with ``compute_grad``, the
+    gradient of the loss w.r.t. logits for an incoming gradient of 1 (a new (BT, V) tensor in logits' dtype);
+    without, an empty (0,) tensor."""
+    check_cross_entropy_inputs(logits, target, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
+    n_rows, n_cols = logits.shape
+    check_targets(target, ignore_index, n_cols)
+    row_losses = torch.zeros((n_rows,), dtype=torch.float32, device=logits.device)
+    shape = (n_rows, n_cols) if compute_grad else (0,)
+    grad = torch.empty(shape, dtype=logits.dtype, device=logits.device)
+    scale = grad_scale(target, ignore_index, reduction)
+    launch_rows(logits, target, row_losses, grad if compute_grad else None, scale, ignore_index, label_smoothing,
+                softcap, lse_square_scale)
+    return reduce_rows(row_losses, scale, reduction), grad

@@ -1,0 +1,72 @@
+"""What the two loss ops share: the gradients come out of the forward pass (for an incoming gradient of 1) and
+the backward only scales them by the incoming gradient.
+
+Two paths with the same numbers:
+- the registered formula (torch.compile, DTensor, dispatch modes, functorch): the forward op returns the
+  gradients as extra outputs, saved for backward, and the backward multiplies them into new tensors (under
+  torch.compile AOTAutograd may donate the saved buffers, so Inductor can do that multiply in place);
+- eager training calls: an ``autograd.Function`` keeps the gradients on its context and scales them in place
+  in the backward (no second (BT, V) or (V, H) buffer: the point of a memory-saving loss). They are used up
+  by that backward, so a second backward through the same graph raises instead of returning wrong gradients.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from ._op import _dispatch_mode_active
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def eager_plain(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a call may skip the dispatcher: plain tensors (no DTensor, no fake tensors), nothing tracing,
+    no dispatch mode, no functorch transform (the conditions of ``_op._eager_entry``)."""
+    for tensor in tensors:
+        if tensor is not None and type(tensor) not in _PLAIN:
+            return False
+    return not (torch.compiler.is_compiling() or _dispatch_mode_active()
+                or torch._C._are_functorch_transforms_active())
+
+
+def wants_grad(tensor: Optional[torch.Tensor]) -> bool:
+    return tensor is not None and tensor.requires_grad and torch.is_grad_enabled()
+
+
+def scaled(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    """``grad`` times the incoming gradient of the loss, as a new tensor in grad's dtype (for ``none``,
+    grad_loss has one entry per row of grad)."""
+    if reduction == "none":
+        return grad.mul(grad_loss.unsqueeze(-1)).to(grad.dtype)
+    return grad * grad_loss.to(torch.float32)  # a 0-d fp32 factor keeps grad's dtype (and computes in fp32)
+
+
+def scale_in_place(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return grad.mul_(grad_loss.unsqueeze(-1))
+    return grad.mul_(grad_loss.to(torch.float32))
+
+
+def take_grads(ctx, op_name: str) -> List[Optional[torch.Tensor]]:
+    """The gradients an eager forward left on ``ctx``, once."""
+    if torch.is_grad_enabled():
+        raise NotImplementedError(f"double backward (a gradient of the gradient) of npu_liger::{op_name} is not "
+                                  "supported")
+    grads = ctx.grads
+    if grads is None:
+        raise RuntimeError(f"npu_liger::{op_name}: trying to backward through the loss a second time; its "
+                           "gradients were computed in the forward and used up by the first backward (call the "
+                           "loss again, or use torch.ops.npu_liger." + op_name + " for retain_graph=True)")
+    ctx.grads = None
+    return grads
+
+
+def check_computed(ctx, flags, op_name: str) -> None:
+    """The registered formula's guard: a gradient autograd wants must have been computed by the forward."""
+    for needed, computed in zip(ctx.needs_input_grad, flags):
+        if needed and not computed:
+            raise RuntimeError(f"npu_liger::{op_name}_with_grad was called without asking for a gradient that "
+                               f"autograd needs; call npu_liger::{op_name} (or npu_liger.{op_name}), which asks "
+                               "for exactly the gradients needed")
