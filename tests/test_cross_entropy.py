@@ -58,27 +58,34 @@ def make_target(n_rows, n_cols, mode="some", ignore_index=-100, dtype=torch.int6
 
 def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
           lse_square_scale=0.0, fn=None):
-    """Loss and grad against float64 (half precision against eager half precision), inputs untouched."""
+    """Loss and grad against float64 (half precision against eager half precision) for an incoming gradient of
+    1, inputs untouched; then a random incoming gradient scales that gradient exactly (the forward keeps the
+    gradient for 1 in logits' dtype, the backward multiplies: the one rounding more that Liger's also has)."""
     fn = fn or npu_liger.cross_entropy
-    logits = logits.detach().requires_grad_(True)
     options = (ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
-    before = snapshot((logits, target))
-    loss = fn(logits, target, *options)
-    grad_out = randn(loss.shape, torch.float32)
-    loss.backward(grad_out)
-    assert_unchanged(before, (logits, target), ("logits", "target"))
-    assert_no_alias((loss, logits.grad), (logits, target))
-    assert loss.dtype == torch.float32 and logits.grad.dtype == logits.dtype and logits.grad.shape == logits.shape
+    leaf = logits.detach().requires_grad_(True)
+    before = snapshot((leaf, target))
+    loss = fn(leaf, target, *options)
+    loss.backward(torch.ones_like(loss))
+    assert_unchanged(before, (leaf, target), ("logits", "target"))
+    assert_no_alias((loss, leaf.grad), (leaf, target))
+    assert loss.dtype == torch.float32 and leaf.grad.dtype == logits.dtype and leaf.grad.shape == logits.shape
 
     logits64 = logits.detach().double().requires_grad_(True)
     ref = reference(logits64, target, *options)
-    ref.backward(grad_out.double())
+    ref.backward(torch.ones_like(ref))
     logits_lp = logits.detach().clone().requires_grad_(True)
-    reference(logits_lp, target, *options).backward(grad_out.to(logits.dtype))
+    ref_lp = reference(logits_lp, target, *options)
+    ref_lp.backward(torch.ones_like(ref_lp))
     assert_close(loss, ref, what=f"loss ({reduction})")
-    assert_close(logits.grad, logits64.grad, logits_lp.grad, what="grad_logits")
-    ignored = target == ignore_index
-    assert (logits.grad[ignored] == 0).all()
+    assert_close(leaf.grad, logits64.grad, logits_lp.grad, what="grad_logits")
+    assert (leaf.grad[target == ignore_index] == 0).all()
+
+    scaled_leaf = logits.detach().requires_grad_(True)
+    grad_out = randn(loss.shape, torch.float32)
+    fn(scaled_leaf, target, *options).backward(grad_out)
+    factor = grad_out.unsqueeze(-1) if reduction == "none" else grad_out
+    assert torch.equal(scaled_leaf.grad, leaf.grad.mul(factor).to(logits.dtype))
     return loss
 
 
