@@ -46,6 +46,9 @@ TARGET_DTYPES = (torch.int32, torch.int64)
 #   (Ascend910B3: 192 KiB * 0.8 / (6.0 * 4 B) = 6553 -> BLOCK_V 4096).
 # shapes: ((V,),), tiling_dims: (0,) -> the vocab dimension is tiled, no fixed dims.
 MEMORY_MULTIPLIER = 6.0
+# scale_in_place, per element of a column tile: the value (upcast) and its scaled copy: ~2 live fp32 values; 3.0
+#   leaves room (Ascend910B3: 192 KiB * 0.8 / (3.0 * 4 B) = 13107 -> BLOCK 8192). shapes ((cols,),), dim 0 tiled.
+SCALE_MEMORY_MULTIPLIER = 3.0
 
 
 @triton.jit
@@ -120,9 +123,10 @@ def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, loss_ptr, grad_ptr, scale_
                             other=0.0).to(tl.float32)
                 z = _softcapped(x, softcap, HAS_SOFTCAP)
                 softmax = tl.exp(z - lse)
-                dz = softmax - tl.where(cols == target, 1.0 - label_smoothing, 0.0)
+                onehot = tl.where(cols == target, 1.0, 0.0)
+                dz = softmax - onehot  # (p - onehot) + eps * (onehot - 1/V): no cancellation between the terms
                 if HAS_SMOOTHING:
-                    dz -= label_smoothing / n_cols
+                    dz += (onehot - 1.0 / n_cols) * label_smoothing
                 if HAS_Z_LOSS:  # added apart from the cross-entropy term so that neither cancels the other
                     dz += softmax * z_loss_scale
                 if HAS_SOFTCAP:
@@ -130,6 +134,49 @@ def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, loss_ptr, grad_ptr, scale_
                     dz = dz * (1.0 - tanh * tanh)
                 dz = tl.where(load_mask, dz * scale, 0.0)
                 tl.store(grad_row + cols.to(tl.int64), dz.to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_elements"])
+def _scale_rows_kernel(grad_ptr, scale_ptr, n_rows, n_cols, n_elements, grad_stride_row, scale_stride,
+                       BLOCK: tl.constexpr):
+    """grad[row] *= scale[row] in place; a row whose scale is exactly 1 (``loss.backward()``) is not touched, so
+    the common case costs one scalar load per row instead of a pass over the gradient."""
+    for row in tl.range(program_start(1), n_rows, grid_stride(1)):
+        scale = tl.load(scale_ptr + row * scale_stride).to(tl.float32)
+        if scale != 1.0:
+            for start in tl.range(0, n_cols, BLOCK):
+                offsets = row * grad_stride_row + start + tl.arange(0, BLOCK)
+                mask = (start + tl.arange(0, BLOCK) < n_cols) & (offsets < n_elements)
+                g = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+                tl.store(grad_ptr + offsets, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def scale_in_place(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``grad *= scale`` for a contiguous ``grad`` and a 0-d ``scale`` or one per row of a 2-D ``grad``, skipping
+    the work (decided on the device, no sync) where the scale is exactly 1. Returns ``grad``."""
+    if grad.numel() == 0:
+        return grad
+    if not grad.is_contiguous():
+        raise RuntimeError("scale_in_place: the gradient must be contiguous")
+    require_launchable(grad.device)
+    if scale.dim() == 0:  # one scale: rows of one block each over the flat gradient, so every program has work
+        plan = plan_launch(grad.device.type, TileRequest(SCALE_MEMORY_MULTIPLIER, ((grad.numel(),),), (0,),
+                                                         COMPUTE_DTYPE_SIZE))
+        n_cols = plan.block
+        n_rows, row_stride, scale_stride = triton.cdiv(grad.numel(), n_cols), n_cols, 0
+    else:
+        if grad.dim() != 2 or scale.shape != (grad.shape[0],):
+            raise ValueError(f"scale must be 0-d or have one entry per row of a 2-D gradient, got {tuple(scale.shape)} "
+                             f"for {tuple(grad.shape)}")
+        n_rows, n_cols = grad.shape
+        plan = plan_launch(grad.device.type, TileRequest(SCALE_MEMORY_MULTIPLIER, ((n_cols,),), (0,),
+                                                         COMPUTE_DTYPE_SIZE))
+        row_stride, scale = n_cols, scale.contiguous()
+        scale_stride = 1
+    # Tiles: see SCALE_MEMORY_MULTIPLIER above.
+    _scale_rows_kernel[(plan.grid(n_rows),)](grad, scale, n_rows, n_cols, grad.numel(), row_stride, scale_stride,
+                                             BLOCK=plan.block, **plan.launch_options())
+    return grad
 
 
 def check_cross_entropy_args(target: torch.Tensor, n_rows, ignore_index: int, reduction: str,

@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import torch
 
+from ..npu_ops.cross_entropy import scale_in_place as scale_kernel
 from ._op import _dispatch_mode_active
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -44,9 +45,8 @@ def scaled(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch
 
 
 def scale_in_place(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
-    if reduction == "none":
-        return grad.mul_(grad_loss.unsqueeze(-1))
-    return grad.mul_(grad_loss.to(torch.float32))
+    """``grad *= grad_loss`` (per row for ``none``), skipped on the device where grad_loss is exactly 1."""
+    return scale_kernel(grad, grad_loss.detach())
 
 
 def take_grads(ctx, op_name: str) -> List[Optional[torch.Tensor]]:
