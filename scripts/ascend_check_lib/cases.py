@@ -96,9 +96,12 @@ def _cross_entropy(rows, cols, target_dtype):
 
 
 def _cross_entropy_with_grad(ce):
-    """The training path: loss and gradient in one launch, every switch on (softcap, smoothing, z-loss)."""
+    """The training path: loss and gradient in one launch, every switch on (softcap, smoothing, z-loss), then
+    the eager backward's in-place scaling (one scale, and one per row)."""
     def cross_entropy_with_grad(logits, target):
-        ce.cross_entropy_forward(logits, target, -100, "mean", 0.1, 30.0, 1e-4, compute_grad=True)
+        _, grad = ce.cross_entropy_forward(logits, target, -100, "mean", 0.1, 30.0, 1e-4, compute_grad=True)
+        ce.scale_in_place(grad, torch.ones((), dtype=torch.float32))
+        ce.scale_in_place(grad, torch.ones(grad.shape[0], dtype=torch.float32))
     return cross_entropy_with_grad
 
 
