@@ -32,6 +32,16 @@ def tvd_batchmean(p: Tensor, q: Tensor) -> Tensor:
     return (0.5 * (p - q).abs()).sum() / p.shape[0]
 
 
+def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """HF's way: the loss from fp32 logits (``ForCausalLMLoss`` upcasts), mean over targets != -100."""
+    return F.cross_entropy(logits.float(), target)
+
+
+def fused_linear_cross_entropy(x: Tensor, weight: Tensor, target: Tensor) -> Tensor:
+    """The unfused computation HF runs: lm_head's logits in x's dtype, then the fp32 cross entropy."""
+    return F.cross_entropy(F.linear(x, weight).float(), target)
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
