@@ -58,8 +58,8 @@ _NOT_FORWARDED = {"self", "labels", "logits_to_keep", "kwargs"}
 class _Plan:
     """What the patched forward needs to know about one class's original forward."""
 
-    def __init__(self, cls: type, signature: inspect.Signature, forwarded, output_cls: type, softcap: bool):
-        self.cls, self.signature, self.forwarded = cls, signature, forwarded
+    def __init__(self, cls: type, forwarded, output_cls: type, softcap: bool):
+        self.cls, self.forwarded = cls, forwarded
         self.output_cls, self.softcap = output_cls, softcap
         self.fields = [f for f in output_cls.__dataclass_fields__ if f not in ("loss", "logits")]
 
@@ -82,7 +82,7 @@ def _plan(cls: type) -> Optional[_Plan]:
     output_cls = getattr(inspect.getmodule(forward), match.group(1), None) if match else None
     if missing or output_cls is None or not hasattr(output_cls, "__dataclass_fields__"):
         return _unknown(cls, f"missing {missing or 'a known output class'}")
-    return _Plan(cls, signature, forwarded, output_cls, softcap)
+    return _Plan(cls, forwarded, output_cls, softcap)
 
 
 def _unknown(cls: type, why: str) -> None:
@@ -120,23 +120,25 @@ def causal_lm_loss(hidden: torch.Tensor, lm_head: nn.Linear, labels: torch.Tenso
     return loss / num_items_in_batch
 
 
-def _causal_lm_forward(self, *args, skip_logits: Optional[bool] = None, **kwargs):
-    """The patched ``*ForCausalLM.forward``: see the module docstring."""
-    plan = _plan(type(self))
-    bound = plan.signature.bind(self, *args, **kwargs)
-    labels = bound.arguments.get("labels")
-    if not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self):
-        return plan.cls.forward(self, *args, **kwargs)
-    extra = dict(bound.arguments.get("kwargs", {}))
-    outputs = self.model(**{p: bound.arguments.get(p, plan.signature.parameters[p].default) for p in plan.forwarded},
-                         **extra)
+_PLANS = {}  # class -> _Plan, filled when an instance is patched (the forward only looks it up: compile-friendly)
+
+
+def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] = None, **kwargs):
+    """The patched ``*ForCausalLM.forward``: see the module docstring. Arguments after input_ids are taken by
+    keyword (as the Trainer and generate pass them); positional ones go to the original forward."""
+    labels = kwargs.get("labels")
+    if args or not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self):
+        return type(self).forward(self, input_ids, *args, **kwargs)
+    plan = _PLANS[type(self)]
+    model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep")}
+    outputs = self.model(input_ids=input_ids, **model_kwargs)
     hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
     from transformers.modeling_utils import slice_logits_to_keep
 
-    hidden = slice_logits_to_keep(hidden, bound.arguments.get("logits_to_keep", 0))
+    hidden = slice_logits_to_keep(hidden, kwargs.get("logits_to_keep", 0))
     softcap = self.config.final_logit_softcapping if plan.softcap else None
-    loss = causal_lm_loss(hidden, self.lm_head, labels, softcap, extra.get("num_items_in_batch"),
-                          extra.get("ignore_index", -100), extra.get("shift_labels"))
+    loss = causal_lm_loss(hidden, self.lm_head, labels, softcap, kwargs.get("num_items_in_batch"),
+                          kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))
     rest = {f: getattr(outputs, f, None) for f in plan.fields}
     return plan.output_cls(loss=loss, logits=None, **rest)
 
@@ -154,8 +156,13 @@ def patch_causal_lm_loss(module: nn.Module) -> bool:
         warnings.warn("npu_liger: the fused_linear_cross_entropy op is not available in this build; the loss is "
                       "left unpatched", stacklevel=3)
         return False
-    if _plan(type(module)) is None or not isinstance(getattr(module, "lm_head", None), nn.Linear):
+    plan = _plan(type(module))
+    if plan is None or not isinstance(getattr(module, "lm_head", None), nn.Linear):
         return False
+    if plan.forwarded[0] != "input_ids":
+        _unknown(type(module), "input_ids is not its first argument")
+        return False
+    _PLANS[type(module)] = plan
     _patch_forward(module, _causal_lm_forward)
     return True
 
