@@ -126,10 +126,9 @@ def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, loss_ptr, grad_ptr, scale_
                             other=0.0).to(tl.float32)
                 z = _softcapped(x, softcap, HAS_SOFTCAP)
                 softmax = tl.exp(z - lse)
-                onehot = tl.where(cols == target, 1.0, 0.0)
-                dz = softmax - onehot  # (p - onehot) + eps * (onehot - 1/V): no cancellation between the terms
+                dz = softmax  # the target's column is written again below, with its one-hot term
                 if HAS_SMOOTHING:
-                    dz += (onehot - 1.0 / n_cols) * label_smoothing
+                    dz -= label_smoothing / n_cols
                 if HAS_Z_LOSS:  # added apart from the cross-entropy term so that neither cancels the other
                     dz += softmax * z_loss_scale
                 if HAS_SOFTCAP:
@@ -137,6 +136,19 @@ def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, loss_ptr, grad_ptr, scale_
                     dz = dz * (1.0 - tanh * tanh)
                 dz = tl.where(load_mask, dz * scale, 0.0)
                 tl.store(grad_row + cols.to(tl.int64), dz.to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+            # The target's column: (p - 1) + eps * (1 - 1/V) (+ z-loss), no cancellation between the terms. A
+            # scalar store after the loop rather than a per-element compare with the target (bishengir-compile-a5
+            # fails on that compare), computed from fp32 values, so the column is rounded once.
+            p_target = tl.exp(z_target - lse)
+            dz_target = p_target - 1.0
+            if HAS_SMOOTHING:
+                dz_target += (1.0 - 1.0 / n_cols) * label_smoothing
+            if HAS_Z_LOSS:
+                dz_target += p_target * z_loss_scale
+            if HAS_SOFTCAP:
+                tanh_target = z_target / softcap
+                dz_target = dz_target * (1.0 - tanh_target * tanh_target)
+            tl.store(grad_row + safe_target, (dz_target * scale).to(grad_ptr.dtype.element_ty), mask=valid & in_range)
 
 
 @triton.jit(do_not_specialize=["n_rows", "n_elements"])
