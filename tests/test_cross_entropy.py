@@ -245,6 +245,9 @@ def test_second_backward_and_double_backward_raise_clear_errors():
     loss.backward()
     with pytest.raises(NotImplementedError, match="double backward"):
         (grad,) = torch.autograd.grad(npu_liger.cross_entropy(logits, target), logits, create_graph=True)
+    scale = torch.tensor(2.0, device=DEVICE, requires_grad=True)  # the op's formula: a differentiable grad_loss
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.autograd.grad(ce_op(logits, target) * scale, logits, create_graph=True)
 
 
 def test_module_matches_functional():

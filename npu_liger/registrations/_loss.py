@@ -63,8 +63,13 @@ def take_grads(ctx, op_name: str) -> List[Optional[torch.Tensor]]:
     return grads
 
 
-def check_computed(ctx, flags, op_name: str) -> None:
-    """The registered formula's guard: a gradient autograd wants must have been computed by the forward."""
+def check_computed(ctx, flags, op_name: str, grad_loss: torch.Tensor) -> None:
+    """The registered formula's guards: a gradient autograd wants must have been computed by the forward, and
+    no create_graph backward (the saved gradients are constants to autograd: a second derivative through them
+    would be silently wrong)."""
+    if torch.is_grad_enabled() and grad_loss.requires_grad:
+        raise NotImplementedError(f"double backward (a gradient of the gradient) of npu_liger::{op_name} is not "
+                                  "supported")
     for needed, computed in zip(ctx.needs_input_grad, flags):
         if needed and not computed:
             raise RuntimeError(f"npu_liger::{op_name}_with_grad was called without asking for a gradient that "

@@ -40,7 +40,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_loss, _):
-    check_computed(ctx, (ctx.computed,), "cross_entropy")
+    check_computed(ctx, (ctx.computed,), "cross_entropy", grad_loss)
     (grad,) = ctx.saved_tensors
     grad_logits = scaled(grad, grad_loss, ctx.reduction) if ctx.needs_input_grad[0] else None
     return grad_logits, None, None, None, None, None, None, None

@@ -70,7 +70,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_loss, *_):
     x_flag, w_flag, b_flag = ctx.flags
-    check_computed(ctx, (x_flag, w_flag, False, b_flag), _NAME)
+    check_computed(ctx, (x_flag, w_flag, False, b_flag), _NAME, grad_loss)
     needs = ctx.needs_input_grad
     if ctx.reduction == "none":
         x, weight, target, bias = ctx.saved_tensors
