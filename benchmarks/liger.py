@@ -13,6 +13,10 @@ swiglu         ``transformers.functional.liger_swiglu(a, b)``; ``LigerSiLUMulFun
 embedding      ``LigerEmbeddingFunction.apply(weight, indices)`` (``ops/experimental/embedding.py``; no functional)
 tvd            ``transformers.functional.liger_tvd(p, q, None, "batchmean", -100)``;
                ``LigerTVDLossFunction.apply(...)``; its backward returns a gradient for p only
+cross_entropy  ``transformers.functional.liger_cross_entropy(logits, target)`` (what LigerCrossEntropyLoss
+               calls); ``LigerCrossEntropyFunction.apply(logits, target)``; writes the gradient into logits
+fused_linear_  ``transformers.functional.liger_fused_linear_cross_entropy(x, weight, target)`` (behind
+cross_entropy  LigerFusedLinearCrossEntropyLoss); ``LigerFusedLinearCrossEntropyFunction.apply(x, weight, target)``
 rope           ``transformers.rope.liger_rotary_pos_emb(q, k, cos, sin)``; ``LigerRopeFunction.apply(...)[:2]``
 qwen2vl_mrope  ``transformers.qwen2vl_mrope.liger_multimodal_rotary_pos_emb(q, k, cos, sin, section)``;
                ``LigerQwen2VLMRopeFunction.apply(...)[:2]``
@@ -45,6 +49,10 @@ def _first2(out):
     return tuple(out)[:2]  # some releases return (q, k, cos, sin) from LigerRopeFunction
 
 
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out  # some releases return (loss, z_loss, ...)
+
+
 def _gated(fn_is_class):
     return lambda f: (lambda a, b: (f.apply(a, b),)) if fn_is_class else (lambda a, b: (f(a, b),))
 
@@ -59,6 +67,10 @@ _TVD = lambda f: lambda p, q: (f(p, q, None, "batchmean", -100),)  # noqa: E731
 _TVD_CLS = lambda c: lambda p, q: (c.apply(p, q, None, "batchmean", -100),)  # noqa: E731
 _LLAMA4 = lambda f: lambda q, k, freqs: _first2(f(q, k, freqs))  # noqa: E731
 _LLAMA4_CLS = lambda c: lambda q, k, freqs: _first2(c.apply(q, k, freqs))  # noqa: E731
+_CE = lambda f: lambda logits, target: (_first(f(logits, target)).float(),)  # noqa: E731
+_CE_CLS = lambda c: lambda logits, target: (_first(c.apply(logits, target)).float(),)  # noqa: E731
+_FLCE = lambda f: lambda x, w, target: (_first(f(x, w, target)).float(),)  # noqa: E731
+_FLCE_CLS = lambda c: lambda x, w, target: (_first(c.apply(x, w, target)).float(),)  # noqa: E731
 _EMB_CLS = lambda c: lambda weight, indices: (c.apply(weight, indices),)  # noqa: E731
 _RMS = lambda f: lambda x, w: (f(x, w, 1e-6),)  # noqa: E731
 _RMS_CLS = lambda c: lambda x, w: (c.apply(x, w, 1e-6, 0.0, "llama", True),)  # noqa: E731
@@ -78,6 +90,12 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
                   ("liger_kernel.ops.embedding:LigerEmbeddingFunction", _EMB_CLS)],
     "tvd": [(f"{F}:liger_tvd", _TVD), ("liger_kernel.ops:LigerTVDLossFunction", _TVD_CLS),
             ("liger_kernel.ops.tvd:LigerTVDLossFunction", _TVD_CLS)],
+    "cross_entropy": [(f"{F}:liger_cross_entropy", _CE), ("liger_kernel.ops:LigerCrossEntropyFunction", _CE_CLS),
+                      ("liger_kernel.ops.cross_entropy:LigerCrossEntropyFunction", _CE_CLS)],
+    "fused_linear_cross_entropy": [
+        (f"{F}:liger_fused_linear_cross_entropy", _FLCE),
+        ("liger_kernel.ops:LigerFusedLinearCrossEntropyFunction", _FLCE_CLS),
+        ("liger_kernel.ops.fused_linear_cross_entropy:LigerFusedLinearCrossEntropyFunction", _FLCE_CLS)],
     "rope": [("liger_kernel.transformers.rope:liger_rotary_pos_emb", _ROPE),
              ("liger_kernel.ops:LigerRopeFunction", _ROPE_CLS), ("liger_kernel.ops.rope:LigerRopeFunction", _ROPE_CLS)],
     "qwen2vl_mrope": [("liger_kernel.transformers.qwen2vl_mrope:liger_multimodal_rotary_pos_emb", _MROPE),

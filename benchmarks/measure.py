@@ -127,7 +127,7 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
                    smoke: bool) -> Dict:
     """Check ``fn`` against eager on fresh inputs, then time forward and forward+backward."""
     row: Dict = {"variant": variant, "fwd_ms": None, "fb_ms": None, "fwd_err": None, "fb_err": None,
-                 "note": "", "error": ""}
+                 "fb_peak_gib": None, "note": "", "error": ""}
     tol = TOLERANCE[case.dtype]
     stage = "inputs"
     try:
@@ -177,6 +177,18 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
             torch.autograd.grad(outs, inp.leaves, inp.grads_out, allow_unused=True)
 
         row["fb_ms"] = timer(fb)
+
+        if device == "cuda":  # one forward+backward's peak beyond what was allocated before (the inputs)
+            stage = "peak memory"
+            inp = next(cycle)
+            sync(device)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            outs = fn(*inp.args)
+            grads = torch.autograd.grad(outs, inp.leaves, inp.grads_out, allow_unused=True)
+            sync(device)
+            row["fb_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30  # includes the returned grads
+            del outs, grads
     except Exception as exc:  # report and carry on with the next variant
         message = str(exc).splitlines()[0] if str(exc) else ""
         row["error"] = f"{stage}: {type(exc).__name__}: {message}"[:300]

@@ -49,6 +49,16 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Te
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """HF's way: the loss from fp32 logits (``ForCausalLMLoss`` upcasts), mean over targets != -100."""
+    return F.cross_entropy(logits.float(), target)
+
+
+def fused_linear_cross_entropy(x: Tensor, weight: Tensor, target: Tensor) -> Tensor:
+    """The unfused computation HF runs: lm_head's logits in x's dtype, then the fp32 cross entropy."""
+    return F.cross_entropy(F.linear(x, weight).float(), target)
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

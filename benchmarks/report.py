@@ -16,7 +16,7 @@ VARIANT_ORDER = ("npu_liger", "liger", "torch.compile", "eager")
 NPU = "npu_liger"
 CSV_FIELDS = ("op", "kind", "shape", "tokens", "dtype", "variant", "fwd_ms", "fwd_gbps", "fwd_frac", "fb_ms",
               "fb_gbps", "fb_frac", "speedup_fwd", "best_other_fwd", "speedup_fb", "best_other_fb", "fwd_err",
-              "fb_err", "check", "note", "error", "bytes_fwd", "bytes_fb", "copy_gbps", "pool")
+              "fb_err", "fb_peak_gib", "check", "note", "error", "bytes_fwd", "bytes_fb", "copy_gbps", "pool")
 
 
 def finish_rows(rows: List[Dict]) -> None:
@@ -79,14 +79,14 @@ def _check(r) -> str:
     return text
 
 
-HEADER = ("op", "shape", "variant", "fwd ms", "fwd GB/s", "fwd/copy", "f+b ms", "f+b GB/s", "f+b/copy",
+HEADER = ("op", "shape", "variant", "fwd ms", "fwd GB/s", "fwd/copy", "f+b ms", "f+b GB/s", "f+b/copy", "f+b peak GiB",
           "npu_liger speed-up fwd | f+b", "check")
 
 
 def table_cells(r: Dict) -> List[str]:
     return [r["op"], r["shape"], r["variant"], _f(r.get("fwd_ms"), ".4f"), _gbps(r.get("fwd_gbps")),
             _f(r.get("fwd_frac"), ".2f"), _f(r.get("fb_ms"), ".4f"), _gbps(r.get("fb_gbps")),
-            _f(r.get("fb_frac"), ".2f"), _speedup(r), _check(r)]
+            _f(r.get("fb_frac"), ".2f"), _f(r.get("fb_peak_gib"), ".2f"), _speedup(r), _check(r)]
 
 
 def format_table(rows: List[Dict]) -> str:

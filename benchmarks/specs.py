@@ -19,6 +19,12 @@ rms_norm,           x read, y written: 2 N                               + dy, x
 layer_norm
 fused_add_rms_norm  x, residual read, y, s written: 4 N                  + dy, ds, s read, dx written: 8 N
                                                                          (x and residual share one gradient)
+cross_entropy       logits read: N                                       logits read twice (a row does not fit on
+                                                                         chip), grad written: 3 N (the training
+                                                                         call is one launch; backward scales in
+                                                                         place only if grad_out != 1)
+fused_linear_ce     compute-bound (3 matmuls of BT x H x V): bytes are   x, W read, grad_x, grad_W written
+                    x and W read, for the table's sake
 ==================  ===================================================  ==========================================
 
 (cos/sin/freqs tables, indices, scalar losses and norm weights are left out, as in the issue's definitions.)
@@ -340,6 +346,26 @@ def _norm_spec(name, eager, npu_args, make, fwd_n, fb_n, module, with_qk=True):
     )
 
 
+# --- cross_entropy / fused_linear_cross_entropy ---------------------------------------------------------------
+
+def _targets(p, device, gen):
+    target = torch.randint(0, p["V"], (p["BT"],), generator=gen, device=device, dtype=torch.int64)
+    target[::7] = -100  # ignored tokens, as prompt masking gives
+    return target
+
+
+def _make_ce(p, dtype, device, gen):
+    logits = _randn((p["BT"], p["V"]), dtype, device, gen, True, scale=2.0)
+    return Inputs((logits, _targets(p, device, gen)), (logits,), (torch.ones((), dtype=torch.float32, device=device),))
+
+
+def _make_flce(p, dtype, device, gen):
+    x = _randn((p["BT"], p["H"]), dtype, device, gen, True)
+    weight = _randn((p["V"], p["H"]), dtype, device, gen, True, scale=p["H"] ** -0.5)
+    return Inputs((x, weight, _targets(p, device, gen)), (x, weight),
+                  (torch.ones((), dtype=torch.float32, device=device),))
+
+
 SPECS: Dict[str, OpSpec] = {
     "geglu": _gated_spec("geglu", reference.geglu),
     "swiglu": _gated_spec("swiglu", reference.swiglu),
@@ -375,6 +401,40 @@ SPECS: Dict[str, OpSpec] = {
         bytes_fwd=lambda p, s: 2 * p["BT"] * p["V"] * s,
         bytes_fb=lambda p, s: 4 * p["BT"] * p["V"] * s,
         notes="reduction batchmean, no labels",
+    ),
+    "cross_entropy": OpSpec(
+        name="cross_entropy",
+        dtype=torch.bfloat16,
+        main=[dict(BT=8192, V=128256)],
+        sweep=lambda t: dict(BT=t, V=128256),
+        smoke=dict(BT=6, V=37),
+        tiny=dict(BT=4, V=64),
+        compile_case=lambda s: dict(BT=2 * s, V=32000),
+        label=lambda p: f"{p['BT']}x{p['V']}",
+        tokens=lambda p: p["BT"],
+        make=_make_ce,
+        eager=reference.cross_entropy,
+        npu_args=lambda logits, target: (logits, target),
+        bytes_fwd=lambda p, s: p["BT"] * p["V"] * s,
+        bytes_fb=lambda p, s: 3 * p["BT"] * p["V"] * s,
+        notes="reduction mean, every 7th target ignored; the loss is fp32",
+    ),
+    "fused_linear_cross_entropy": OpSpec(
+        name="fused_linear_cross_entropy",
+        dtype=torch.bfloat16,
+        main=[dict(BT=8192, H=4096, V=128256)],
+        sweep=lambda t: dict(BT=t, H=4096, V=128256),
+        smoke=dict(BT=6, H=8, V=37),
+        tiny=dict(BT=4, H=8, V=64),
+        compile_case=lambda s: dict(BT=2 * s, H=1024, V=32000),
+        label=lambda p: f"BT{p['BT']} H{p['H']} V{p['V']}",
+        tokens=lambda p: p["BT"],
+        make=_make_flce,
+        eager=reference.fused_linear_cross_entropy,
+        npu_args=lambda x, weight, target: (x, weight, target),
+        bytes_fwd=lambda p, s: (p["BT"] + p["V"]) * p["H"] * s,
+        bytes_fb=lambda p, s: 2 * (p["BT"] + p["V"]) * p["H"] * s,
+        notes="compute-bound: judge by ms and the f+b peak memory column, not GB/s",
     ),
     "rope": _rope_spec(
         "rope", _make_rope,

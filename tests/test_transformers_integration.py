@@ -145,7 +145,8 @@ def _run(model, ids):
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
     grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
-    return {"logits": out.logits.detach().clone(), "loss": out.loss.detach().clone(), **grads}
+    logits = None if out.logits is None else out.logits.detach().clone()  # None: the loss patch skips them
+    return {"logits": logits, "loss": out.loss.detach().clone(), **grads}
 
 
 def _assert_matches(got, ref, truth=None, what=""):
@@ -184,7 +185,7 @@ def test_patched_model_matches_unpatched(family, dtype):
     if dtype == torch.bfloat16:  # the same bf16-rounded weights, computed in fp32
         truth = {k: None if v is None else v.float() for k, v in _run(copy.deepcopy(model).float(), ids).items()}
 
-    assert nlt.apply_to_model(model) is model
+    assert nlt.apply_to_model(model, loss=False) is model  # logits compared too (the loss patch: below)
     with CountOps() as counter:
         got = _run(model, ids)
     _assert_matches(got, ref, truth)
@@ -193,7 +194,7 @@ def test_patched_model_matches_unpatched(family, dtype):
         assert counter.counts.get(op, 0) >= n_layers, f"{op} ran {counter.counts.get(op, 0)} times: {counter.counts}"
         assert counter.counts.get(f"{op}_backward", 0) >= n_layers, f"{op}_backward: {counter.counts}"
 
-    nlt.apply_to_model(model)  # a second patch changes nothing
+    nlt.apply_to_model(model, loss=False)  # a second patch changes nothing
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, got["logits"])
     nlt.unpatch(model)  # and unpatching gives back transformers' computation exactly
@@ -224,7 +225,7 @@ def test_patch_before_building(family):
     assert set(ops) <= set(counter.counts), counter.counts
     assert summary["norm"]["rms_norm"] >= NORMS_PER_LAYER.get(family, 2) * COMMON["num_hidden_layers"] + 1, summary
     nlt.revert(family)
-    assert nlt.patch_summary(_build(family)) == {"mlp": {}, "rope": [], "embedding": 0, "norm": {}}
+    assert nlt.patch_summary(_build(family)) == {"mlp": {}, "rope": [], "embedding": 0, "norm": {}, "loss": 0}
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])  # swiglu + rope, geglu + rope (compiling is slow on CPU)
@@ -264,7 +265,7 @@ def test_embedding_patch():
         ids = _batch()
         model = _build(family)
         ref = _run(model, ids)
-        nlt.apply_to_model(model, rope=False, mlp=False, embedding=True)
+        nlt.apply_to_model(model, rope=False, mlp=False, embedding=True, loss=False)
         assert nlt.patch_summary(model)["embedding"] == 1
         with CountOps() as counter:
             got = _run(model, ids)
@@ -410,3 +411,91 @@ def test_changed_norm_source_is_left_alone(monkeypatch):
         assert nlt.patch_summary(model)["norm"] == {}
     finally:
         norms._source.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The training loss through fused linear cross entropy (npu_liger/transformers/loss.py)
+
+def _labels(ids):
+    labels = ids.clone()
+    labels[0, :2] = -100  # ignored tokens, as a chat template's prompt masking gives
+    labels[1, -1] = -100
+    return labels
+
+
+def _run_loss(model, ids, labels, **kwargs):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=labels, **kwargs)
+    out.loss.backward()
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+    return out, {"loss": out.loss.detach().clone(), **grads}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_loss_patch_matches_unpatched_loss_and_gradients(family):
+    """Training with labels (some -100): the loss and every parameter gradient equal the unpatched model's
+    (Gemma-2/3: final logit softcapping), fused_linear_cross_entropy ran, and no logits were built. With
+    num_items_in_batch (HF Trainer's gradient accumulation) too. Eval mode and calls without labels return
+    exactly what transformers returns."""
+    _require_ops(("fused_linear_cross_entropy",))
+    ids = _batch()
+    labels = _labels(ids)
+    model = _build(family)
+    ref_out, ref = _run_loss(model, ids, labels)
+    _, ref_items = _run_loss(model, ids, labels, num_items_in_batch=torch.tensor(7, device=DEVICE))
+    model.eval()
+    with torch.no_grad():
+        ref_eval = model(input_ids=ids, labels=labels)
+    model.train()
+
+    nlt.apply_to_model(model, rope=False, mlp=False)
+    assert nlt.patch_summary(model)["loss"] == 1
+    with CountOps() as counter:
+        out, got = _run_loss(model, ids, labels)
+    assert counter.counts.get("fused_linear_cross_entropy_with_grad") == 1, counter.counts
+    assert out.logits is None and type(out) is type(ref_out)
+    _assert_matches(got, ref, what="loss patch: ")
+    _, got_items = _run_loss(model, ids, labels, num_items_in_batch=torch.tensor(7, device=DEVICE))
+    _assert_matches(got_items, ref_items, what="num_items_in_batch: ")
+    out, _ = _run_loss(model, ids, labels, skip_logits=False)  # logits asked for: transformers' own forward
+    assert torch.equal(out.logits, ref_out.logits.detach())
+
+    model.eval()
+    with CountOps() as counter, torch.no_grad():
+        got_eval = model(input_ids=ids, labels=labels)
+    assert counter.counts == {}
+    assert torch.equal(got_eval.logits, ref_eval.logits) and torch.equal(got_eval.loss, ref_eval.loss)
+    model.train()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, ref_out.logits)
+    nlt.unpatch(model)
+    assert nlt.patch_summary(model)["loss"] == 0
+
+
+def test_loss_patch_before_building_and_flag_off():
+    _require_ops(("fused_linear_cross_entropy",))
+    nlt.apply_npu_liger_to_llama(rope=False, mlp=False)
+    assert nlt.patch_summary(_build("llama"))["loss"] == 1
+    nlt.apply_npu_liger_to_llama(rope=False, mlp=False, loss=False)
+    assert nlt.patch_summary(_build("llama"))["loss"] == 0
+    nlt.apply_npu_liger_to_llama(rope=False, mlp=False)
+    nlt.revert("llama")
+    assert nlt.patch_summary(_build("llama"))["loss"] == 0
+    model = nlt.apply_to_model(_build("llama"), loss=False)
+    assert nlt.patch_summary(model)["loss"] == 0
+
+
+def test_loss_patch_leaves_an_unknown_forward_alone():
+    _require_ops(("fused_linear_cross_entropy",))
+
+    class Custom(transformers.LlamaForCausalLM):
+        def forward(self, input_ids=None, labels=None, **kwargs):  # not the computation the patch knows
+            return super().forward(input_ids=input_ids, labels=labels, **kwargs)
+
+    Custom.__module__ = transformers.LlamaForCausalLM.__module__
+    Custom.__name__ = "LlamaForCausalLM"
+    torch.manual_seed(0)
+    model = Custom(transformers.LlamaConfig(**COMMON)).to(DEVICE)
+    with pytest.warns(UserWarning, match="loss is left unpatched"):
+        nlt.apply_to_model(model, rope=False, mlp=False)
+    assert nlt.patch_summary(model)["loss"] == 0

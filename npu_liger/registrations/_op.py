@@ -33,6 +33,16 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable) -> "torch._ops.O
     return getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
+def define_composite(schema: str, fn: Callable) -> "torch._ops.OpOverload":
+    """Define ``npu_liger::<schema>`` as a composite of other ops (CompositeImplicitAutograd): ``fn`` runs at
+    the autograd level, so it can look at ``requires_grad`` and grad mode, and the ops it calls carry the
+    autograd formulas. Under torch.compile it decomposes into those ops (no fake function needed)."""
+    name = schema.split("(", 1)[0].strip()
+    LIBRARY.define(schema)
+    LIBRARY.impl(name, fn, "CompositeImplicitAutograd")
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
 def define_autograd(
     op: "torch._ops.OpOverload", *, backward: Callable, setup_context: Callable, kernel: Optional[Callable] = None
 ) -> Callable:
@@ -138,4 +148,5 @@ def forbid_double_backward(op: "torch._ops.OpOverload", forward_name: str) -> No
     define_autograd(op, backward=_backward, setup_context=_setup_context)
 
 
-__all__ = ["LIBRARY", "NAMESPACE", "define_op", "define_autograd", "eager_call_allowed", "eager_kernels_allowed", "forbid_double_backward"]
+__all__ = ["LIBRARY", "NAMESPACE", "define_autograd", "define_composite", "define_op", "eager_call_allowed",
+           "eager_kernels_allowed", "forbid_double_backward"]

@@ -33,6 +33,10 @@ What each op accepts (R = Replicate, S(d) = Shard(d), P = Partial(sum)):
   (and residual) S(d) for any d < ndim - 1 with the parameters R -> S(d); all R -> R. Backward ops: grad and x
   S(d) -> grad_x S(d) and the parameter gradients P (each rank sums its own rows); all R -> R; grad P with x R
   -> P throughout (linear in the incoming gradient; fused_add_rms_norm's grad_sum P too).
+- cross_entropy / fused_linear_cross_entropy and their internal ``*_with_grad`` / ``_backward`` ops: tokens
+  S(0) (logits or x, and target; weight and bias R) for ``none`` (-> S(0)) and ``sum`` (loss -> P, grad_x S(0),
+  grad_weight/grad_bias -> P), or all R. ``mean`` needs the global count of valid tokens: R only. Vocab-parallel
+  (weight S(0)) needs collectives between the kernel's passes: not listed (docs/DISTRIBUTED.md).
 
 FSDP2 and DDP need no rules: FSDP2 all-gathers parameters into plain tensors before the ops run.
 
@@ -180,6 +184,39 @@ def _rules(api):
         return ([([R, R, R], [R, R] + params), ([P, P, P], [P, R] + params)]
                 + [([S(d), P, P], [S(d), S(d)] + params) for d in row_dims(x)])
 
+    # The losses: tokens sharded (rows S(0), targets S(0), weight and bias R) or everything R. Rows are independent
+    # for "none" (-> S(0)) and "sum" (loss -> P; grad_x rows S(0); grad_weight and grad_bias -> P); "mean" divides
+    # by the GLOBAL number of valid rows, so it is R only (call "sum" and divide by the all-reduced count).
+    def loss_reduced(reduction):
+        return {"none": S(0), "sum": P}.get(reduction)
+
+    def cross_entropy_with_grad(logits, target, ignore_index, reduction, *args):
+        rules = [([R, R], [R, R] + [None] * 6)]
+        if loss_reduced(reduction) is not None:
+            rules.append(([loss_reduced(reduction), S(0)], [S(0), S(0)] + [None] * 6))
+        return rules
+
+    def cross_entropy(logits, target, ignore_index=-100, reduction="mean", *args):
+        return [([out], ins) for (out, _), ins in cross_entropy_with_grad(logits, target, ignore_index, reduction)]
+
+    def flce_with_grad(x, weight, target, bias, ignore_index, reduction, *args):
+        b = None if bias is None else R
+        rules = [([R, R, R, R], [R, R, R, b] + [None] * 8)]
+        if loss_reduced(reduction) is not None:
+            rules.append(([loss_reduced(reduction), S(0), P, P], [S(0), R, S(0), b] + [None] * 8))
+        return rules
+
+    def flce(x, weight, target, bias=None, ignore_index=-100, reduction="mean", *args):
+        b = None if bias is None else R
+        rules = [([R], [R, R, R, b] + [None] * 5)]
+        if loss_reduced(reduction) is not None:
+            rules.append(([loss_reduced(reduction)], [S(0), R, S(0), b] + [None] * 5))
+        return rules
+
+    def flce_backward(grad_loss, x, weight, target, bias, *args):
+        b = None if bias is None else R
+        return [([R, R, R], [R, R, R, R, b] + [None] * 7), ([S(0), P, P], [S(0), S(0), R, S(0), b] + [None] * 7)]
+
     rope, rope_backward = rotary(0, 1, 2, tables=2, table_batch_dim=0, extra=0)
     mrope, mrope_backward = rotary(0, 1, 2, tables=2, table_batch_dim=1, extra=1)
     llama4, llama4_backward = rotary(0, 2, 1, tables=1, table_batch_dim=0, extra=0)
@@ -191,6 +228,9 @@ def _rules(api):
         "rms_norm": rms_norm, "rms_norm_backward": rms_norm_backward, "fused_add_rms_norm": fused_add_rms_norm,
         "fused_add_rms_norm_backward": fused_add_rms_norm_backward, "layer_norm": layer_norm,
         "layer_norm_backward": layer_norm_backward,
+        "cross_entropy": cross_entropy, "cross_entropy_with_grad": cross_entropy_with_grad,
+        "fused_linear_cross_entropy": flce, "fused_linear_cross_entropy_with_grad": flce_with_grad,
+        "fused_linear_cross_entropy_backward": flce_backward,
     }
 
 

@@ -26,13 +26,15 @@ from .rope import apply_multimodal_rotary_pos_emb, apply_rotary_emb, apply_rotar
 
 
 def _family_patcher(name: str, title: str):
-    def patch(*, rope: bool = True, mlp: bool = True, embedding: bool = False, norm: bool = True) -> None:
-        apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding, norm=norm)
+    def patch(*, rope: bool = True, mlp: bool = True, embedding: bool = False, norm: bool = True,
+              loss: bool = True) -> None:
+        apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding, norm=norm, loss=loss)
 
     patch.__name__ = patch.__qualname__ = f"apply_npu_liger_to_{name}"
     patch.__doc__ = (f"Patch {title} before building models: its rotary function now (module-wide), and its "
                      f"MLPs{' and experts' if name == 'llama4' else ''} and norms (and, with ``embedding=True``, the "
-                     f"input embedding) of every model constructed afterwards. ``revert({name!r})`` undoes it.")
+                     f"input embedding) of every model constructed afterwards, and (``loss``) the training loss of "
+                     f"its causal LMs through fused linear cross entropy. ``revert({name!r})`` undoes it.")
     return patch
 
 

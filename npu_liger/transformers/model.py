@@ -12,6 +12,7 @@ from torch import nn
 
 from . import _patching
 from .families import FAMILIES, FAMILY_BY_MODULE, Family, patch_rope, restore_rope, rope_patched
+from .loss import hook_family_losses, loss_patched, patch_losses, unhook_family_losses
 from .modules import patch_embedding, patch_experts, patch_gated_mlp, patched_op
 from .norms import norm_summary, patch_norms
 
@@ -53,7 +54,7 @@ def _patch_modules(root: nn.Module, *, mlp: bool, embedding: bool, norm: bool = 
 
 
 def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, embedding: bool = False,
-                   norm: bool = True) -> nn.Module:
+                   norm: bool = True, loss: bool = True) -> nn.Module:
     """Patch an already built transformers model in place and return it.
 
     - ``mlp``: every gated MLP of a supported family runs ``down_proj(op(gate_proj(x), up_proj(x)))`` with
@@ -67,6 +68,9 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
     - ``norm``: every RMSNorm of a supported family (decoder norms, Qwen3/Gemma3 q_norm/k_norm, the final norm)
       runs ``npu_liger.rms_norm`` with the casting mode that reproduces it (Gemma: offset 1, gemma casting), and
       every ``torch.nn.LayerNorm`` in the model (vision towers) runs ``npu_liger.layer_norm``. Per instance.
+    - ``loss``: causal LMs compute the training loss (training mode, labels given) with
+      ``npu_liger.fused_linear_cross_entropy``, without logits (``skip_logits=False`` in a call asks for them);
+      see ``loss.py``. Per instance.
 
     Patching twice is harmless; ``unpatch(model)`` undoes it.
     """
@@ -79,6 +83,8 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
         for family in families:
             patch_rope(family)
     _patch_modules(model, mlp=mlp, embedding=embedding, norm=norm and bool(families))
+    if loss:
+        patch_losses(model)
     return model
 
 
@@ -93,13 +99,14 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 
 def patch_summary(model: nn.Module) -> dict:
-    """What runs through npu_liger in ``model``:
-    ``{"mlp": {"geglu": n, ...}, "rope": [...], "embedding": n, "norm": {"rms_norm": n, "layer_norm": m}}``."""
+    """What runs through npu_liger in ``model``: ``{"mlp": {"geglu": n, ...}, "rope": [...], "embedding": n,
+    "norm": {"rms_norm": n, "layer_norm": m}, "loss": n}``."""
     ops = Counter(op for op in map(patched_op, model.modules()) if op is not None)
     embeddings = sum(isinstance(m, nn.Embedding) and "forward" in _patching.instance_patches(m)
                      for m in model.modules())
     rope = [f"{family.name}.{fname}" for family in _families_in(model) for fname in rope_patched(family)]
-    return {"mlp": dict(ops), "rope": rope, "embedding": embeddings, "norm": norm_summary(model)}
+    losses = sum(map(loss_patched, model.modules()))
+    return {"mlp": dict(ops), "rope": rope, "embedding": embeddings, "norm": norm_summary(model), "loss": losses}
 
 
 def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool) -> None:
@@ -115,7 +122,7 @@ def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool) -> None:
 
 
 def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding: bool = False,
-                    norm: bool = True) -> None:
+                    norm: bool = True, loss: bool = True) -> None:
     """Patch a family before its models are built: its rotary functions now, and a hook on its decoder
     model class so every model constructed afterwards has its MLPs (and embedding) patched. Calling again
     replaces the previous settings; ``revert(name)`` restores transformers' code."""
@@ -133,6 +140,7 @@ def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding
             _hook_init(cls, mlp=mlp, embedding=embedding, norm=norm)
         else:
             _patching.restore_attr(cls, "__init__")
+    hook_family_losses(name, loss)
 
 
 def revert(*families: str) -> None:
@@ -150,6 +158,7 @@ def revert(*families: str) -> None:
             cls = getattr(module, cls_name, None)
             if cls is not None:
                 _patching.restore_attr(cls, "__init__")
+        unhook_family_losses(name)
 
 
 def _family(name: str) -> Family:

@@ -89,6 +89,22 @@ def _tvd_codes_round_trip(tvd):
     return tvd_codes_round_trip
 
 
+def _cross_entropy(rows, cols, target_dtype):
+    def build(dtype):
+        return {"logits": _e(rows, cols, dtype=dtype), "target": torch.zeros(rows, dtype=target_dtype)}
+    return build
+
+
+def _cross_entropy_with_grad(ce):
+    """The training path: loss and gradient in one launch, every switch on (softcap, smoothing, z-loss), then
+    the eager backward's in-place scaling (one scale, and one per row)."""
+    def cross_entropy_with_grad(logits, target):
+        _, grad = ce.cross_entropy_forward(logits, target, -100, "mean", 0.1, 30.0, 1e-4, compute_grad=True)
+        ce.scale_in_place(grad, torch.ones((), dtype=torch.float32))
+        ce.scale_in_place(grad, torch.ones(grad.shape[0], dtype=torch.float32))
+    return cross_entropy_with_grad
+
+
 def _rope(bsz, seq, q_heads, kv_heads, hd, cos_shape):
     def build(dtype):
         return {"q": _bshd(bsz, seq, q_heads, hd, dtype), "k": _bshd(bsz, seq, kv_heads, hd, dtype),
@@ -143,6 +159,12 @@ OPS: List[Op] = [
                Problem("6x1001 batchmean labels q-fp32", _tvd(6, 1001, "batchmean", torch.int64, torch.float32))],
        [Call("fwd", "tvd_forward"), Call("bwd", "tvd_backward"),
         Call("codes", "tvd_backward_from_codes", adapter=_tvd_codes_round_trip)]),
+    Op("cross_entropy",
+       [Problem("8192x128256 i64", _cross_entropy(8192, 128256, torch.int64), bench=True),
+        Problem("2x262144 i64 (V 256k)", _cross_entropy(2, 262144, torch.int64)),
+        Problem("3x1001 i32", _cross_entropy(3, 1001, torch.int32))],
+       [Call("fwd", "cross_entropy_forward"),
+        Call("fwd+grad", "cross_entropy_forward", adapter=_cross_entropy_with_grad)]),
     Op("rope", [Problem("b4 s4096 h32/8 d128", _rope(4, 4096, 32, 8, 128, (1, 4096, 128)), bench=True),
                 Problem("b2 s7 h3/1 d72 per-batch cos", _rope(2, 7, 3, 1, 72, (2, 7, 72))),
                 Problem("b1 s5 h4/2 d80 rot32", _rope(1, 5, 4, 2, 80, (5, 32)))]),

@@ -1,0 +1,68 @@
+"""What the two loss ops share: the gradients come out of the forward pass (for an incoming gradient of 1) and
+the backward only scales them by the incoming gradient.
+
+Two paths with the same numbers:
+- the registered formula (torch.compile, DTensor, dispatch modes, functorch): the forward op returns the
+  gradients as extra outputs, saved for backward, and the backward multiplies them into new tensors (under
+  torch.compile AOTAutograd may donate the saved buffers, so Inductor can do that multiply in place);
+- eager training calls: an ``autograd.Function`` keeps the gradients on its context and scales them in place
+  in the backward (no second (BT, V) or (V, H) buffer: the point of a memory-saving loss). They are used up
+  by that backward, so a second backward through the same graph raises instead of returning wrong gradients.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from ..npu_ops.cross_entropy import scale_in_place as scale_kernel
+from ._op import eager_call_allowed as eager_plain  # noqa: F401  (the one eager-shortcut rule)
+from ..npu_ops._triton import serialized  # noqa: E402
+
+scale_kernel = serialized(scale_kernel)  # called directly below: one CPU launch at a time
+
+
+def wants_grad(tensor: Optional[torch.Tensor]) -> bool:
+    return tensor is not None and tensor.requires_grad and torch.is_grad_enabled()
+
+
+def scaled(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    """``grad`` times the incoming gradient of the loss, as a new tensor in grad's dtype (for ``none``,
+    grad_loss has one entry per row of grad)."""
+    if reduction == "none":
+        return grad.mul(grad_loss.unsqueeze(-1)).to(grad.dtype)
+    return grad * grad_loss.to(torch.float32)  # a 0-d fp32 factor keeps grad's dtype (and computes in fp32)
+
+
+def scale_in_place(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    """``grad *= grad_loss`` (per row for ``none``), skipped on the device where grad_loss is exactly 1."""
+    return scale_kernel(grad, grad_loss.detach())
+
+
+def take_grads(ctx, op_name: str) -> List[Optional[torch.Tensor]]:
+    """The gradients an eager forward left on ``ctx``, once."""
+    if torch.is_grad_enabled():
+        raise NotImplementedError(f"double backward (a gradient of the gradient) of npu_liger::{op_name} is not "
+                                  "supported")
+    grads = ctx.grads
+    if grads is None:
+        raise RuntimeError(f"npu_liger::{op_name}: trying to backward through the loss a second time; its "
+                           "gradients were computed in the forward and used up by the first backward (call the "
+                           "loss again, or use torch.ops.npu_liger." + op_name + " for retain_graph=True)")
+    ctx.grads = None
+    return grads
+
+
+def check_computed(ctx, flags, op_name: str, grad_loss: torch.Tensor) -> None:
+    """The registered formula's guards: a gradient autograd wants must have been computed by the forward, and
+    no create_graph backward (the saved gradients are constants to autograd: a second derivative through them
+    would be silently wrong)."""
+    if torch.is_grad_enabled() and grad_loss.requires_grad:
+        raise NotImplementedError(f"double backward (a gradient of the gradient) of npu_liger::{op_name} is not "
+                                  "supported")
+    for needed, computed in zip(ctx.needs_input_grad, flags):
+        if needed and not computed:
+            raise RuntimeError(f"npu_liger::{op_name}_with_grad was called without asking for a gradient that "
+                               f"autograd needs; call npu_liger::{op_name} (or npu_liger.{op_name}), which asks "
+                               "for exactly the gradients needed")

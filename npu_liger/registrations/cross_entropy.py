@@ -1,0 +1,103 @@
+"""npu_liger::cross_entropy (public, returns the loss) on top of npu_liger::cross_entropy_with_grad (internal:
+the loss and, when asked, the gradient w.r.t. logits from the same pass): schema -> fake -> device kernels ->
+autograd. See ``_loss.py`` for how the gradient travels from the forward to the backward."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..npu_ops.cross_entropy import check_cross_entropy_inputs, cross_entropy_forward
+from ._loss import check_computed, eager_plain, scale_in_place, scaled, take_grads, wants_grad
+from ._op import define_autograd, define_composite, define_op
+from ..npu_ops._triton import serialized  # noqa: E402
+
+cross_entropy_forward = serialized(cross_entropy_forward)  # called directly below: one CPU launch at a time
+
+__all__ = ["cross_entropy"]
+
+
+def _cross_entropy_with_grad_fake(logits, target, ignore_index, reduction, label_smoothing, softcap,
+                                  lse_square_scale, compute_grad):
+    check_cross_entropy_inputs(logits, target, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
+    loss_shape = (logits.shape[0],) if reduction == "none" else ()
+    grad_shape = tuple(logits.shape) if compute_grad else (0,)
+    return (torch.empty(loss_shape, dtype=torch.float32, device=logits.device),
+            torch.empty(grad_shape, dtype=logits.dtype, device=logits.device))
+
+
+cross_entropy_with_grad_op = define_op(
+    "cross_entropy_with_grad(Tensor logits, Tensor target, int ignore_index, str reduction, float label_smoothing,"
+    " float? softcap, float lse_square_scale, bool compute_grad) -> (Tensor, Tensor)",
+    kernel=cross_entropy_forward,
+    fake=_cross_entropy_with_grad_fake,
+)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.reduction = inputs[3]
+    ctx.computed = inputs[7]
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, grad_loss, _):
+    check_computed(ctx, (ctx.computed,), "cross_entropy", grad_loss)
+    (grad,) = ctx.saved_tensors
+    grad_logits = scaled(grad, grad_loss, ctx.reduction) if ctx.needs_input_grad[0] else None
+    return grad_logits, None, None, None, None, None, None, None
+
+
+define_autograd(cross_entropy_with_grad_op, backward=_backward, setup_context=_setup_context)
+
+
+def _cross_entropy_composite(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
+                             lse_square_scale=0.0):
+    loss, _ = cross_entropy_with_grad_op(logits, target, ignore_index, reduction, label_smoothing, softcap,
+                                         lse_square_scale, wants_grad(logits))
+    return loss
+
+
+cross_entropy_op = define_composite(
+    'cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction="mean", '
+    "float label_smoothing=0.0, float? softcap=None, float lse_square_scale=0.0) -> Tensor",
+    _cross_entropy_composite,
+)
+
+
+class CrossEntropyEager(torch.autograd.Function):
+    """Eager training calls: the forward's gradient is scaled in place by the backward (see ``_loss.py``)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, softcap, lse_square_scale):
+        loss, grad = cross_entropy_forward(logits, target, ignore_index, reduction, label_smoothing, softcap,
+                                           lse_square_scale, True)
+        ctx.grads, ctx.reduction = [grad], reduction
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = take_grads(ctx, "cross_entropy")
+        return scale_in_place(grad, grad_loss, ctx.reduction), None, None, None, None, None, None
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0, softcap: Optional[float] = None,
+                  lse_square_scale: float = 0.0) -> torch.Tensor:
+    """Cross entropy of (BT, V) ``logits`` against (BT,) int ``target``: ``torch.ops.npu_liger.cross_entropy``.
+
+    Per row: optional ``softcap * tanh(logits / softcap)`` (Gemma-2's final logit softcapping), then
+    ``F.cross_entropy`` with ``label_smoothing``, plus ``lse_square_scale * logsumexp**2`` (z-loss). Rows whose
+    target is ``ignore_index`` count for nothing; ``reduction`` is ``"mean"`` (over valid rows; 0 with zero
+    gradients when there are none), ``"sum"`` or ``"none"`` ((BT,)). The loss is float32; the gradient is in
+    logits' dtype and is computed in the forward pass (one pass over the logits) when logits need it. A target
+    outside [0, V) other than ignore_index is an error.
+    """
+    if eager_plain(logits, target):
+        if wants_grad(logits):
+            return CrossEntropyEager.apply(logits, target, ignore_index, reduction, label_smoothing, softcap,
+                                           lse_square_scale)
+        return cross_entropy_forward(logits, target, ignore_index, reduction, label_smoothing, softcap,
+                                     lse_square_scale, False)[0]
+    return cross_entropy_op(logits, target, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)

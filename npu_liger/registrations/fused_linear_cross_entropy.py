@@ -1,0 +1,144 @@
+"""npu_liger::fused_linear_cross_entropy (public, returns the loss) on top of the internal ops
+npu_liger::fused_linear_cross_entropy_with_grad (the loss and, when asked, grad_x / grad_weight / grad_bias from
+the same chunked pass) and npu_liger::fused_linear_cross_entropy_backward (``reduction="none"``: the gradients
+recomputed chunk by chunk with per-row incoming gradients): schema -> fake -> device kernels -> autograd.
+See ``_loss.py`` for how the gradients travel from the forward to the backward."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..npu_ops.fused_linear_cross_entropy import (check_flce_inputs, fused_linear_cross_entropy_backward,
+                                                   fused_linear_cross_entropy_forward)
+from ._loss import check_computed, eager_plain, scale_in_place, scaled, take_grads, wants_grad
+from ._op import define_autograd, define_composite, define_op, forbid_double_backward
+from ..npu_ops._triton import serialized  # noqa: E402
+
+fused_linear_cross_entropy_forward = serialized(fused_linear_cross_entropy_forward)  # called directly below: one CPU launch at a time
+
+__all__ = ["fused_linear_cross_entropy"]
+
+_NAME = "fused_linear_cross_entropy"
+
+
+def _grad_shapes(x, weight, bias, reduction, grad_x, grad_weight, grad_bias, in_forward=True):
+    computes = not in_forward or reduction != "none"
+    return (tuple(x.shape) if computes and grad_x else (0,),
+            tuple(weight.shape) if computes and grad_weight else (0,),
+            (weight.shape[0],) if computes and grad_bias and bias is not None else (0,))
+
+
+def _with_grad_fake(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale,
+                    grad_x, grad_weight, grad_bias):
+    check_flce_inputs(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
+    loss = torch.empty((x.shape[0],) if reduction == "none" else (), dtype=torch.float32, device=x.device)
+    shapes = _grad_shapes(x, weight, bias, reduction, grad_x, grad_weight, grad_bias)
+    return (loss, *(torch.empty(shape, dtype=x.dtype, device=x.device) for shape in shapes))
+
+
+def _backward_fake(grad_loss, x, weight, target, bias, ignore_index, label_smoothing, softcap, lse_square_scale,
+                   grad_x, grad_weight, grad_bias):
+    check_flce_inputs(x, weight, target, bias, ignore_index, "none", label_smoothing, softcap, lse_square_scale)
+    shapes = _grad_shapes(x, weight, bias, "none", grad_x, grad_weight, grad_bias, in_forward=False)
+    return tuple(torch.empty(shape, dtype=x.dtype, device=x.device) for shape in shapes)
+
+
+_ARGS = ("Tensor x, Tensor weight, Tensor target, Tensor? bias, int ignore_index, {reduction}float label_smoothing, "
+         "float? softcap, float lse_square_scale, bool grad_x, bool grad_weight, bool grad_bias")
+with_grad_op = define_op(
+    f"{_NAME}_with_grad({_ARGS.format(reduction='str reduction, ')}) -> (Tensor, Tensor, Tensor, Tensor)",
+    kernel=fused_linear_cross_entropy_forward,
+    fake=_with_grad_fake,
+)
+backward_op = define_op(
+    f"{_NAME}_backward(Tensor grad_loss, {_ARGS.format(reduction='')}) -> (Tensor, Tensor, Tensor)",
+    kernel=fused_linear_cross_entropy_backward,
+    fake=_backward_fake,
+)
+forbid_double_backward(backward_op, _NAME)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, target, bias, ignore_index, reduction, smoothing, softcap, z_scale, *flags = inputs
+    ctx.reduction, ctx.flags = reduction, flags
+    ctx.mark_non_differentiable(*output[1:])
+    if reduction == "none":  # the backward recomputes the chunks with per-row scales
+        ctx.args = (ignore_index, smoothing, softcap, z_scale)
+        ctx.save_for_backward(x, weight, target, bias)
+    else:
+        ctx.save_for_backward(*output[1:])
+
+
+def _backward(ctx, grad_loss, *_):
+    x_flag, w_flag, b_flag = ctx.flags
+    check_computed(ctx, (x_flag, w_flag, False, b_flag), _NAME, grad_loss)
+    needs = ctx.needs_input_grad
+    if ctx.reduction == "none":
+        x, weight, target, bias = ctx.saved_tensors
+        grads = backward_op(grad_loss, x, weight, target, bias, *ctx.args, needs[0], needs[1], needs[3])
+    else:
+        grads = [scaled(g, grad_loss, ctx.reduction) for g in ctx.saved_tensors]
+    grad_x, grad_weight, grad_bias = (g if need else None for g, need in zip(grads, (needs[0], needs[1], needs[3])))
+    return grad_x, grad_weight, None, grad_bias, None, None, None, None, None, None, None, None
+
+
+define_autograd(with_grad_op, backward=_backward, setup_context=_setup_context)
+
+
+def _composite(x, weight, target, bias=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
+               lse_square_scale=0.0):
+    return with_grad_op(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale,
+                        wants_grad(x), wants_grad(weight), wants_grad(bias))[0]
+
+
+fused_linear_cross_entropy_op = define_composite(
+    f'{_NAME}(Tensor x, Tensor weight, Tensor target, Tensor? bias=None, int ignore_index=-100, '
+    'str reduction="mean", float label_smoothing=0.0, float? softcap=None, float lse_square_scale=0.0) -> Tensor',
+    _composite,
+)
+
+
+class FusedLinearCrossEntropyEager(torch.autograd.Function):
+    """Eager training calls (sum and mean): the forward's gradients are scaled in place by the backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale,
+                grad_x, grad_weight, grad_bias):
+        loss, *grads = fused_linear_cross_entropy_forward(x, weight, target, bias, ignore_index, reduction,
+                                                          label_smoothing, softcap, lse_square_scale, grad_x,
+                                                          grad_weight, grad_bias)
+        ctx.grads, ctx.reduction, ctx.flags = grads, reduction, (grad_x, grad_weight, grad_bias)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grads = take_grads(ctx, _NAME)
+        gx, gw, gb = (scale_in_place(g, grad_loss, ctx.reduction) if flag else None
+                      for g, flag in zip(grads, ctx.flags))
+        return gx, gw, None, gb, None, None, None, None, None, None, None, None
+
+
+def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                               bias: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = "mean",
+                               label_smoothing: float = 0.0, softcap: Optional[float] = None,
+                               lse_square_scale: float = 0.0) -> torch.Tensor:
+    """``cross_entropy(x @ weight.T + bias, target, ...)`` for x (BT, H), weight (V, H), bias (V,) or None,
+    computed in chunks of rows so the (BT, V) logits never exist: ``torch.ops.npu_liger.fused_linear_cross_entropy``.
+
+    Arguments and semantics as ``npu_liger.cross_entropy`` (the loss is float32). Gradients for x, weight and
+    bias, in their dtype, are computed chunk by chunk in the forward pass (those that are needed). For a sum
+    divided by a count of your own (HF's ``num_items_in_batch`` under gradient accumulation) use
+    ``reduction="sum"`` and divide the result.
+    """
+    if eager_plain(x, weight, target, bias):
+        flags = (wants_grad(x), wants_grad(weight), wants_grad(bias))
+        if not any(flags):
+            return fused_linear_cross_entropy_forward(x, weight, target, bias, ignore_index, reduction,
+                                                      label_smoothing, softcap, lse_square_scale)[0]
+        if reduction != "none":
+            return FusedLinearCrossEntropyEager.apply(x, weight, target, bias, ignore_index, reduction,
+                                                      label_smoothing, softcap, lse_square_scale, *flags)
+    return fused_linear_cross_entropy_op(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap,
+                                         lse_square_scale)

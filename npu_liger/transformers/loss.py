@@ -1,0 +1,207 @@
+"""The training loss of causal-LM models through ``npu_liger.fused_linear_cross_entropy``: the (tokens x vocab)
+logits are never built.
+
+A patched ``*ForCausalLM`` (per instance) runs, in training mode with ``labels``::
+
+    outputs = self.model(...)                                  # exactly the arguments the original passes
+    hidden  = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
+    loss    = fused_linear_cross_entropy(hidden, lm_head.weight, shifted labels, lm_head.bias,
+                                         softcap=config.final_logit_softcapping (Gemma-2/3), reduction=...)
+
+which is HF's ``ForCausalLMLoss``: labels padded with ignore_index and shifted by one (or ``shift_labels`` as
+given), ``mean`` over valid tokens, or ``sum / num_items_in_batch`` when the Trainer passes that count (gradient
+accumulation). The output is the class the original returns, with ``logits=None``: a training step with labels
+never needs them (Liger's ``skip_logits``). ``skip_logits=False`` in the call asks for them: the original
+forward then runs unchanged. Eval mode, calls without labels, and models whose ``loss_function`` is not
+``ForCausalLMLoss`` also run the original forward.
+
+Only forwards whose source has the shape above are patched (a transformers release that changed it is left
+alone, with a warning).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _patching
+from .families import FAMILIES, FAMILY_BY_MODULE
+from .modules import _patch_forward
+
+# The causal-LM classes of each family whose training loss is patched.
+CAUSAL_LM_CLASSES = {
+    "llama": ("LlamaForCausalLM",),
+    "mistral": ("MistralForCausalLM",),
+    "qwen2": ("Qwen2ForCausalLM",),
+    "qwen3": ("Qwen3ForCausalLM",),
+    "gemma": ("GemmaForCausalLM",),
+    "gemma2": ("Gemma2ForCausalLM",),
+    "gemma3": ("Gemma3ForCausalLM",),
+    "qwen2_vl": ("Qwen2VLForConditionalGeneration",),
+    "llama4": ("Llama4ForCausalLM",),
+}
+# Fragments (whitespace removed) the original forward must contain for the patched one to be equivalent.
+_REQUIRED = ("=self.model(", "hidden_states=slice_logits_to_keep(hidden_states,logits_to_keep)",
+             "logits=self.lm_head(hidden_states)", "self.loss_function(")
+_SOFTCAP = ("logits=logits/self.config.final_logit_softcapping", "logits=torch.tanh(logits)",
+            "logits=logits*self.config.final_logit_softcapping")
+_NOT_FORWARDED = {"self", "labels", "logits_to_keep", "kwargs"}
+
+
+class _Plan:
+    """What the patched forward needs to know about one class's original forward."""
+
+    def __init__(self, cls: type, forwarded, output_cls: type, softcap: bool):
+        self.cls, self.forwarded = cls, forwarded
+        self.output_cls, self.softcap = output_cls, softcap
+        self.fields = [f for f in output_cls.__dataclass_fields__ if f not in ("loss", "logits")]
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(cls: type) -> Optional[_Plan]:
+    """A plan for ``cls.forward``, or None (with a warning) when its source is not the computation we know."""
+    forward = cls.forward
+    try:
+        source = "".join(inspect.getsource(forward).split())
+    except (OSError, TypeError):
+        return _unknown(cls, "no source to check")
+    signature = inspect.signature(forward)
+    forwarded = [p for p in signature.parameters if p not in _NOT_FORWARDED]
+    missing = [f for f in _REQUIRED if f not in source] + [f"{p}={p}" for p in forwarded if f"{p}={p}" not in source]
+    softcap = "final_logit_softcapping" in source
+    if softcap:
+        missing += [f for f in _SOFTCAP if f not in source]
+    match = re.search(r"return(\w+)\(loss=loss,logits=logits,", source)
+    output_cls = getattr(inspect.getmodule(forward), match.group(1), None) if match else None
+    if missing or output_cls is None or not hasattr(output_cls, "__dataclass_fields__"):
+        return _unknown(cls, f"missing {missing or 'a known output class'}")
+    return _Plan(cls, forwarded, output_cls, softcap)
+
+
+def _unknown(cls: type, why: str) -> None:
+    warnings.warn(f"npu_liger: {cls.__name__}.forward is not the computation npu_liger knows (a different "
+                  f"transformers version? {why}); its loss is left unpatched", stacklevel=5)
+    return None
+
+
+def _is_causal_lm_loss(model: nn.Module) -> bool:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    return model.loss_function is ForCausalLMLoss
+
+
+def causal_lm_loss(hidden: torch.Tensor, lm_head: nn.Linear, labels: torch.Tensor, softcap: Optional[float],
+                   num_items_in_batch=None, ignore_index: int = -100,
+                   shift_labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """HF's ``ForCausalLMLoss(lm_head(hidden), labels, ...)`` (softcapped logits for Gemma-2/3) without the
+    logits: ``fused_linear_cross_entropy`` over the flattened tokens."""
+    import npu_liger
+
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    x = hidden.reshape(-1, hidden.shape[-1])
+    weight, bias = lm_head.weight, lm_head.bias
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else weight.dtype
+    x, weight = x.to(dtype), weight.to(dtype)  # what lm_head's matmul would compute in
+    bias = None if bias is None else bias.to(dtype)
+    target = shift_labels.reshape(-1).to(x.device)
+    if num_items_in_batch is None:
+        return npu_liger.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, "mean", 0.0, softcap)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(x.device)
+    loss = npu_liger.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, "sum", 0.0, softcap)
+    return loss / num_items_in_batch
+
+
+_PLANS = {}  # class -> _Plan, filled when an instance is patched (the forward only looks it up: compile-friendly)
+
+
+def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] = None, **kwargs):
+    """The patched ``*ForCausalLM.forward``: see the module docstring. Arguments after input_ids are taken by
+    keyword (as the Trainer and generate pass them); positional ones go to the original forward."""
+    labels = kwargs.get("labels")
+    if args or not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self):
+        return type(self).forward(self, input_ids, *args, **kwargs)
+    plan = _PLANS[type(self)]
+    model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep")}
+    outputs = self.model(input_ids=input_ids, **model_kwargs)
+    hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
+    from transformers.modeling_utils import slice_logits_to_keep
+
+    hidden = slice_logits_to_keep(hidden, kwargs.get("logits_to_keep", 0))
+    softcap = self.config.final_logit_softcapping if plan.softcap else None
+    loss = causal_lm_loss(hidden, self.lm_head, labels, softcap, kwargs.get("num_items_in_batch"),
+                          kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))
+    rest = {f: getattr(outputs, f, None) for f in plan.fields}
+    return plan.output_cls(loss=loss, logits=None, **rest)
+
+
+def _causal_lm_classes(family) -> tuple:
+    return CAUSAL_LM_CLASSES.get(family.name, ())
+
+
+def patch_causal_lm_loss(module: nn.Module) -> bool:
+    """Patch one model instance if it is a causal LM of a supported family (else nothing)."""
+    family = FAMILY_BY_MODULE.get(type(module).__module__)
+    if family is None or type(module).__name__ not in _causal_lm_classes(family):
+        return False
+    plan = _plan(type(module))
+    if plan is None or not isinstance(getattr(module, "lm_head", None), nn.Linear):
+        return False
+    if plan.forwarded[0] != "input_ids":
+        _unknown(type(module), "input_ids is not its first argument")
+        return False
+    _PLANS[type(module)] = plan
+    _patch_forward(module, _causal_lm_forward)
+    return True
+
+
+def patch_losses(model: nn.Module) -> int:
+    """Patch every causal LM in ``model`` (itself included); returns how many."""
+    return sum(patch_causal_lm_loss(m) for m in model.modules())
+
+
+def loss_patched(module: nn.Module) -> bool:
+    forward = module.__dict__.get("forward")
+    return getattr(forward, "__func__", forward) is _causal_lm_forward
+
+
+def hook_family_losses(name: str, loss: bool) -> None:
+    """``apply_to_family``'s part: causal LMs of the family constructed afterwards get the loss patch (or, with
+    ``loss=False``, no longer do)."""
+    family = FAMILIES[name]
+    module = family.load()
+    for cls_name in _causal_lm_classes(family):
+        cls = getattr(module, cls_name, None)
+        if cls is None:
+            continue
+        if not loss:
+            _patching.restore_attr(cls, "__init__")
+            continue
+        original = _patching.original_attr(cls, "__init__")
+
+        def __init__(self, *args, _original=original, **kwargs):
+            _original(self, *args, **kwargs)
+            patch_causal_lm_loss(self)
+
+        functools.update_wrapper(__init__, original)
+        _patching.set_attr(cls, "__init__", __init__)
+
+
+def unhook_family_losses(name: str) -> None:
+    family = FAMILIES[name]
+    module = family.load()
+    for cls_name in _causal_lm_classes(family):
+        cls = getattr(module, cls_name, None)
+        if cls is not None:
+            _patching.restore_attr(cls, "__init__")
+
+
+__all__ = ["causal_lm_loss", "patch_losses", "loss_patched", "CAUSAL_LM_CLASSES"]

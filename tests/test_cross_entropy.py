@@ -1,0 +1,300 @@
+"""cross_entropy: loss and gradient against float64 F.cross_entropy (label smoothing, softcap, z-loss, ignored
+rows, every reduction), vocabulary tiling loops, opcheck, compile without recompiles, no mutation, the eager
+in-place backward, empty and bad input."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import npu_liger
+import npu_liger.npu_ops.cross_entropy as ce_kernels
+from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
+                       assert_unchanged, randn, run_opcheck, snapshot)
+
+ce_op = torch.ops.npu_liger.cross_entropy.default
+ce_with_grad_op = torch.ops.npu_liger.cross_entropy_with_grad.default
+
+REDUCTIONS = ("none", "sum", "mean")
+ROW_SIZES = st.sampled_from([1, 2, 3, 7, 41, 64])
+# around the emulated NPU block (4096): one tile, several, and one element past a tile
+VOCAB_SIZES = st.sampled_from([1, 2, 7, 127, 1000, 4095, 4097, 8193])
+LAYOUTS = ("contiguous", "strided", "transposed")
+
+
+def reference(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
+              lse_square_scale=0.0):
+    """F.cross_entropy on softcapped logits plus the z-loss, reduced over valid rows (in logits' dtype)."""
+    z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+    valid = target != ignore_index
+    safe = torch.where(valid, target, torch.zeros_like(target)).long()
+    rows = F.cross_entropy(z, safe, reduction="none", label_smoothing=label_smoothing)
+    if lse_square_scale:
+        rows = rows + lse_square_scale * torch.logsumexp(z, dim=-1) ** 2
+    rows = torch.where(valid, rows, torch.zeros_like(rows))
+    if reduction == "none":
+        return rows
+    if reduction == "sum":
+        return rows.sum()
+    return rows.sum() / valid.sum().clamp_min(1)
+
+
+def make_logits(n_rows, n_cols, dtype=torch.float32, layout="contiguous", scale=3.0):
+    if layout == "transposed":
+        return randn((n_cols, n_rows), dtype, scale=scale).t()
+    return randn((n_rows, n_cols), dtype, noncontiguous=layout == "strided", scale=scale)
+
+
+def make_target(n_rows, n_cols, mode="some", ignore_index=-100, dtype=torch.int64):
+    """(BT,) targets (a strided view) with "some", "all" or "no" rows at ignore_index."""
+    target = torch.randint(0, n_cols, (2 * n_rows,), device=DEVICE).to(dtype)[::2]
+    if mode == "some":
+        target[torch.rand(n_rows, device=DEVICE) < 0.3] = ignore_index
+    elif mode == "all":
+        target.fill_(ignore_index)
+    return target
+
+
+def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
+          lse_square_scale=0.0, fn=None):
+    """Loss and grad against float64 (half precision against eager half precision) for an incoming gradient of
+    1, inputs untouched; then a random incoming gradient scales that gradient exactly (the forward keeps the
+    gradient for 1 in logits' dtype, the backward multiplies: the one rounding more that Liger's also has)."""
+    fn = fn or npu_liger.cross_entropy
+    options = (ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
+    leaf = logits.detach().requires_grad_(True)
+    before = snapshot((leaf, target))
+    loss = fn(leaf, target, *options)
+    loss.backward(torch.ones_like(loss))
+    assert_unchanged(before, (leaf, target), ("logits", "target"))
+    assert_no_alias((loss, leaf.grad), (leaf, target))
+    assert loss.dtype == torch.float32 and leaf.grad.dtype == logits.dtype and leaf.grad.shape == logits.shape
+
+    logits64 = logits.detach().double().requires_grad_(True)
+    ref = reference(logits64, target, *options)
+    ref.backward(torch.ones_like(ref))
+    logits_lp = logits.detach().clone().requires_grad_(True)
+    ref_lp = reference(logits_lp, target, *options)
+    ref_lp.backward(torch.ones_like(ref_lp))
+    assert_close(loss, ref, what=f"loss ({reduction})")
+    assert_close(leaf.grad, logits64.grad, logits_lp.grad, what="grad_logits")
+    assert (leaf.grad[target == ignore_index] == 0).all()
+
+    scaled_leaf = logits.detach().requires_grad_(True)
+    grad_out = randn(loss.shape, torch.float32)
+    fn(scaled_leaf, target, *options).backward(grad_out)
+    factor = grad_out.unsqueeze(-1) if reduction == "none" else grad_out
+    assert_scaled(scaled_leaf.grad, leaf.grad, factor)
+    return loss
+
+
+def assert_scaled(got, unit, factor):
+    """``got == unit * factor`` rounded once to unit's dtype: exactly in fp32 (and compiled Triton); the CPU
+    interpreter truncates on its bf16/fp16 store where torch rounds, so there one unit in the last place."""
+    expected = unit.mul(factor).to(unit.dtype)
+    if unit.dtype == torch.float32 or DEVICE != "cpu":
+        assert torch.equal(got, expected), "the gradient is not the unit gradient scaled"
+    else:
+        ulp = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[unit.dtype]
+        torch.testing.assert_close(got.float(), expected.float(), rtol=ulp, atol=0.0)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@given(n_rows=ROW_SIZES, n_cols=VOCAB_SIZES, dtype=st.sampled_from(FLOAT_DTYPES), layout=st.sampled_from(LAYOUTS),
+       mode=st.sampled_from(["some", "all", "no"]), target_dtype=st.sampled_from([torch.int32, torch.int64]),
+       ignore_index=st.sampled_from([-100, 0]), label_smoothing=st.sampled_from([0.0, 0.1]),
+       softcap=st.sampled_from([None, 4.0]), lse_square_scale=st.sampled_from([0.0, 1e-3]))
+def test_matches_float64_reference(reduction, n_rows, n_cols, dtype, layout, mode, target_dtype, ignore_index,
+                                   label_smoothing, softcap, lse_square_scale):
+    assume(n_rows * n_cols <= 60_000)
+    logits = make_logits(n_rows, n_cols, dtype, layout)
+    target = make_target(n_rows, n_cols, mode, ignore_index, target_dtype)
+    check(logits, target, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
+
+
+def test_vocab_tiling_loops_and_persistent_grid(small_ub):
+    """A 4 KiB UB gives 128-wide vocabulary tiles, so a 520-wide row takes 5 tiles per pass, and 85 rows over 40
+    programs take up to 3 row iterations per program; large logits check the online log-sum-exp rescaling."""
+    small_ub(4096)
+    n_rows, n_cols = 85, 520
+    plan = npu_liger.tiling.plan_launch("cpu", ce_kernels.TileRequest(
+        ce_kernels.MEMORY_MULTIPLIER, ((n_cols,),), (0,), ce_kernels.COMPUTE_DTYPE_SIZE))
+    assert plan.block == 128 and plan.block * 4 < n_cols and plan.grid(n_rows) == 40 < n_rows
+    logits = make_logits(n_rows, n_cols, scale=30.0)
+    logits[:, 400:] += 50.0  # the row maximum sits in a late tile: earlier partial sums must be rescaled
+    for reduction in REDUCTIONS:
+        check(logits, make_target(n_rows, n_cols), reduction=reduction, label_smoothing=0.1, softcap=30.0,
+              lse_square_scale=1e-4)
+    check(make_logits(50, 333, torch.bfloat16, "transposed"), make_target(50, 333))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_all_rows_ignored_gives_zero_and_zero_grads(reduction):
+    logits = make_logits(5, 33).requires_grad_(True)
+    loss = npu_liger.cross_entropy(logits, make_target(5, 33, "all"), reduction=reduction, label_smoothing=0.2)
+    assert (loss == 0).all() and not torch.isnan(loss).any()
+    loss.backward(torch.ones_like(loss))
+    assert (logits.grad == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0)])
+def test_empty_inputs(shape):
+    for reduction in REDUCTIONS:
+        logits = randn(shape, requires_grad=True)
+        target = torch.full((shape[0],), -100, dtype=torch.int64, device=DEVICE)
+        loss = npu_liger.cross_entropy(logits, target, reduction=reduction)
+        assert loss.shape == ((shape[0],) if reduction == "none" else ())
+        assert (loss == 0).all()
+        loss.backward(torch.ones_like(loss))
+        assert logits.grad.shape == shape
+
+
+@pytest.mark.parametrize("bad", [-1, 33, 10_000])
+def test_out_of_range_target_is_an_error(bad):
+    if DEVICE != "cpu":
+        pytest.skip("on CUDA a bad target is a device-side assert, which ends the process's CUDA context")
+    target = make_target(4, 33, "no")
+    target[2] = bad
+    with pytest.raises(ValueError, match=f"target {bad} is out of range for 33 classes"):
+        npu_liger.cross_entropy(make_logits(4, 33), target)
+    with pytest.raises(ValueError, match="out of range"):
+        ce_op(make_logits(4, 33), target)
+
+
+def test_out_of_range_target_poisons_the_loss_without_reading_outside_the_row(monkeypatch):
+    """The kernel itself (the host check switched off): NaN loss for that row, other rows unchanged."""
+    monkeypatch.setattr(ce_kernels, "check_targets", lambda *args: None)
+    logits = make_logits(3, 17)
+    target = make_target(3, 17, "no")
+    good = ce_kernels.cross_entropy_forward(logits, target, reduction="none")[0]
+    target[1] = 1 << 40 if DEVICE == "cpu" else 17
+    bad = ce_kernels.cross_entropy_forward(logits, target, reduction="none")[0]
+    assert torch.isnan(bad[1]) and torch.equal(bad[[0, 2]], good[[0, 2]])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_opcheck(dtype):
+    logits = make_logits(5, 37, dtype).requires_grad_(True)
+    target = make_target(5, 37)
+    for reduction in REDUCTIONS:
+        run_opcheck(ce_op, (logits, target, -100, reduction, 0.1, 5.0, 1e-3))
+        for compute_grad in (False, True):
+            run_opcheck(ce_with_grad_op, (logits.detach(), target, -100, reduction, 0.0, None, 0.0, compute_grad))
+    run_opcheck(ce_op, (logits, target))
+    run_opcheck(ce_op, (make_logits(3, 6, dtype, "strided"), make_target(3, 6, ignore_index=3), 3, "sum"))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compiled_fullgraph_dynamic_without_recompiles_matches_eager(reduction):
+    def fn(logits, target):
+        return npu_liger.cross_entropy(logits * 1.5, target, -100, reduction, 0.1).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+    for i, n in enumerate([5, 8, 33]):
+        logits = make_logits(n, 2 * n + 1).requires_grad_(True)
+        target = make_target(n, 2 * n + 1)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            loss = compiled(logits, target)
+            loss.backward()
+        eager_logits = logits.detach().clone().requires_grad_(True)
+        eager = fn(eager_logits, target)
+        eager.backward()
+        # the graph's own .sum() may add in another order than eager's; the op's numbers are the same
+        assert_close(loss, eager.double())
+        assert torch.equal(logits.grad, eager_logits.grad)
+        ref_logits = logits.detach().double().requires_grad_(True)
+        reference(ref_logits * 1.5, target, -100, reduction, 0.1).sum().backward()
+        assert_close(logits.grad, ref_logits.grad)
+
+
+def test_compile_helper_inference():
+    assert_compiles_without_recompiles(
+        lambda logits, target: npu_liger.cross_entropy(logits, target, reduction="sum") + 1.0,
+        lambda n: (make_logits(n, 3 * n), make_target(n, 3 * n)),
+        [4, 9, 17],
+        lambda inputs, got, eager: assert_close(got, reference(inputs[0].double(), inputs[1], reduction="sum") + 1.0),
+    )
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_eager_path_matches_the_dispatched_op(reduction):
+    logits = make_logits(6, 41).requires_grad_(True)
+    target = make_target(6, 41)
+    fast = npu_liger.cross_entropy(logits, target, -100, reduction, 0.1, 3.0, 1e-3)
+    assert "CrossEntropyEager" in type(fast.grad_fn).__name__
+    fast.backward(torch.full_like(fast, 3.0))
+    fast_grad, logits.grad = logits.grad, None
+    slow = ce_op(logits, target, -100, reduction, 0.1, 3.0, 1e-3)
+    slow.backward(torch.full_like(slow, 3.0))
+    assert torch.equal(fast, slow) and torch.equal(fast_grad, logits.grad)
+    with torch.no_grad():
+        assert npu_liger.cross_entropy(logits, target).grad_fn is None
+
+
+def test_second_backward_and_double_backward_raise_clear_errors():
+    logits = make_logits(3, 8).requires_grad_(True)
+    target = make_target(3, 8, "no")
+    loss = npu_liger.cross_entropy(logits, target)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="a second time"):
+        loss.backward()
+    loss = ce_op(logits, target)  # the op's formula keeps its gradient: retain_graph works there
+    loss.backward(retain_graph=True)
+    loss.backward()
+    with pytest.raises(NotImplementedError, match="double backward"):
+        (grad,) = torch.autograd.grad(npu_liger.cross_entropy(logits, target), logits, create_graph=True)
+    scale = torch.tensor(2.0, device=DEVICE, requires_grad=True)  # the op's formula: a differentiable grad_loss
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.autograd.grad(ce_op(logits, target) * scale, logits, create_graph=True)
+
+
+def test_module_matches_functional():
+    loss_fn = npu_liger.nn.CrossEntropyLoss(ignore_index=3, reduction="sum", label_smoothing=0.1, softcap=5.0)
+    assert "softcap=5.0" in repr(loss_fn)
+    logits, target = make_logits(7, 45), make_target(7, 45, ignore_index=3)
+    assert_close(loss_fn(logits, target), reference(logits.double(), target, 3, "sum", 0.1, 5.0))
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        npu_liger.nn.CrossEntropyLoss(reduction="batchmean")
+
+
+def _l():
+    return make_logits(4, 6)
+
+
+def _t(n=4, dtype=torch.int64):
+    return torch.zeros(n, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, match",
+    [
+        (lambda: (_l(), _t()), {"reduction": "batchmean"}, ValueError, "reduction must be one of"),
+        (lambda: (randn((24,)), _t(24)), {}, ValueError, "logits must be 2-D"),
+        (lambda: (_l().double(), _t()), {}, TypeError, "logits must be float32, float16 or bfloat16"),
+        (lambda: (_l(), torch.zeros(4, device=DEVICE)), {}, TypeError, "target must be int32 or int64"),
+        (lambda: (_l(), _t(5)), {}, ValueError, r"target must have shape \(BT,\) = \(4,\)"),
+        (lambda: (_l(), torch.zeros(4, dtype=torch.int64, device="meta")), {}, RuntimeError,
+         "target must be on the device of logits"),
+        (lambda: (_l(), _t()), {"label_smoothing": 1.5}, ValueError, "label_smoothing must be in"),
+        (lambda: (_l(), _t()), {"softcap": 0.0}, ValueError, "softcap must be None or > 0"),
+        (lambda: (_l(), _t()), {"lse_square_scale": -1.0}, ValueError, "lse_square_scale must be >= 0"),
+    ],
+)
+def test_bad_input_raises_clear_error(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        npu_liger.cross_entropy(*args(), **kwargs)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's sync debug mode detects host synchronisation")
+def test_no_host_synchronisation():
+    logits = make_logits(64, 1000).requires_grad_(True)
+    target = make_target(64, 1000)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for reduction in REDUCTIONS:
+            loss = npu_liger.cross_entropy(logits, target, reduction=reduction)
+            loss.backward(torch.ones_like(loss))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
