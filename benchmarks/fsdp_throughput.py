@@ -1,227 +1,254 @@
-"""FSDP2 training-step throughput of a small Llama-style model, with and without the npu_liger ops.
+#!/usr/bin/env python
+"""FSDP2 training-step throughput: the Llama-style HF model of ``train_step.py`` sharded over N ranks, plain
+transformers vs npu_liger's full patch vs Liger-Kernel's full patch.
 
-    torchrun --nproc-per-node 2 benchmarks/fsdp_throughput.py                 # 2 GPUs, NCCL, bf16
-    torchrun --nproc-per-node 2 benchmarks/fsdp_throughput.py --compile       # both variants under torch.compile
-    torchrun --nproc-per-node 2 benchmarks/fsdp_throughput.py --device cpu --tiny   # smoke test (gloo)
+    python benchmarks/fsdp_throughput.py                         # 2 GPUs (NCCL), bf16 compute
+    python benchmarks/fsdp_throughput.py --nproc 4 --quick
+    python benchmarks/fsdp_throughput.py --device cpu --smoke    # 2 processes on the CPU (gloo), tiny model
 
-Both variants are the same model (embedding -> [RMSNorm -> attention with rotary embeddings -> RMSNorm -> gated
-MLP] x layers -> RMSNorm -> lm_head -> cross entropy), built from the same seed, each block and the root wrapped
-with ``fully_shard`` (bf16 parameters, fp32 gradient reduction). "torch" uses ``nn.Embedding``, HF's
-``rotate_half`` rotary formula and ``F.silu(gate) * up``; "npu_liger" uses ``npu_liger.embedding``,
-``npu_liger.rope`` and ``npu_liger.swiglu``. Each rank trains on its own batch; tokens/s counts the tokens of
-every rank. Rank 0 prints one line per variant and the ratio.
+One command: for each variant the script starts ``torchrun`` (``python -m torch.distributed.run``) itself, so
+every variant gets fresh processes (Liger patches transformers for the whole process; fresh processes also give
+clean peak-memory counts). Models, variants and batches come from ``train_step.py`` (``build_model``,
+``VARIANTS``, ``make_batches``): the same seed everywhere, each rank training on its own batch of
+``batch x seq`` tokens. Each decoder layer and the root are wrapped with ``fully_shard``: fp32 sharded
+parameters, bf16 compute (``MixedPrecisionPolicy``), fp32 gradient reduction; fused AdamW on GPUs.
+tokens/s counts the tokens of every rank; peak memory is ``max_memory_allocated`` of each rank (the largest is
+reported). Outputs fsdp.md / fsdp.json in ``benchmarks/output/fsdp`` (untracked) or, with ``--publish``,
+``benchmarks/results/fsdp``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import socket
+import subprocess
+import sys
 import time
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # run from a checkout: npu_liger and benchmarks.train_step without installing
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu", "npu"])
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--dim", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=2816)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=4, help="sequences per rank")
-    p.add_argument("--steps", type=int, default=20, help="timed steps")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--compile", action="store_true", help="torch.compile each block (both variants)")
-    p.add_argument("--compile-backend", default="inductor")
-    p.add_argument("--tiny", action="store_true", help="a toy size for a CPU smoke test")
-    args = p.parse_args()
-    if args.tiny:
-        args.layers, args.dim, args.heads, args.kv_heads, args.hidden = 2, 32, 4, 2, 48
-        args.vocab, args.seq, args.batch, args.steps, args.warmup = 64, 16, 2, 2, 1
-        args.dtype = "float32"
-    return args
+from benchmarks import train_step  # noqa: E402
+
+OUTPUT = os.path.join(REPO, "benchmarks", "output", "fsdp")
+PUBLISHED = os.path.join(REPO, "benchmarks", "results", "fsdp")
+DEFAULT_VARIANTS = ("hf_eager", "npu_liger", "liger_full")
 
 
-def setup(args):
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off
-    if args.device == "cpu":
+# ---------------------------------------------------------------------------------------------------------------
+# One variant on every rank (under torchrun)
+
+
+def _setup(device_type: str):
+    if device_type == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (through npu_liger)
     import torch
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if args.device == "cuda":
+    if device_type == "cuda":
         torch.cuda.set_device(local_rank)
-    if args.device == "npu":
+    if device_type == "npu":
         import torch_npu  # noqa: F401
 
         torch.npu.set_device(local_rank)
-    dist.init_process_group({"cuda": "nccl", "cpu": "gloo", "npu": "hccl"}[args.device])
-    device = torch.device(args.device, local_rank) if args.device != "cpu" else torch.device("cpu")
-    return device
+    dist.init_process_group({"cuda": "nccl", "cpu": "gloo", "npu": "hccl"}[device_type])
+    return torch.device(device_type, local_rank) if device_type != "cpu" else torch.device("cpu")
 
 
-def build_model(args, use_npu_liger: bool, device):
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    import npu_liger
-
-    head_dim = args.dim // args.heads
-
-    def rotate_half(x):
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((-x2, x1), dim=-1)
-
-    def rope(q, k, cos, sin):
-        if use_npu_liger:
-            return npu_liger.rope(q, k, cos, sin)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
-    class RMSNorm(nn.Module):
-        def __init__(self, dim):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(dim))
-
-        def forward(self, x):
-            return F.rms_norm(x, (x.shape[-1],), self.weight, 1e-6)
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attn_norm, self.mlp_norm = RMSNorm(args.dim), RMSNorm(args.dim)
-            self.q_proj = nn.Linear(args.dim, args.heads * head_dim, bias=False)
-            self.k_proj = nn.Linear(args.dim, args.kv_heads * head_dim, bias=False)
-            self.v_proj = nn.Linear(args.dim, args.kv_heads * head_dim, bias=False)
-            self.o_proj = nn.Linear(args.heads * head_dim, args.dim, bias=False)
-            self.gate_proj = nn.Linear(args.dim, args.hidden, bias=False)
-            self.up_proj = nn.Linear(args.dim, args.hidden, bias=False)
-            self.down_proj = nn.Linear(args.hidden, args.dim, bias=False)
-
-        def forward(self, x, cos, sin):
-            bsz, seq, _ = x.shape
-            h = self.attn_norm(x)
-            q = self.q_proj(h).view(bsz, seq, -1, head_dim).transpose(1, 2)
-            k = self.k_proj(h).view(bsz, seq, -1, head_dim).transpose(1, 2)
-            v = self.v_proj(h).view(bsz, seq, -1, head_dim).transpose(1, 2)
-            q, k = rope(q, k, cos, sin)
-            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            x = x + self.o_proj(attn.transpose(1, 2).reshape(bsz, seq, -1))
-            h = self.mlp_norm(x)
-            gate, up = self.gate_proj(h), self.up_proj(h)
-            act = npu_liger.swiglu(gate, up) if use_npu_liger else F.silu(gate) * up
-            return x + self.down_proj(act)
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(args.vocab, args.dim)
-            self.layers = nn.ModuleList(Block() for _ in range(args.layers))
-            self.norm = RMSNorm(args.dim)
-            self.lm_head = nn.Linear(args.dim, args.vocab, bias=False)
-
-        def forward(self, ids, cos, sin, labels):
-            x = npu_liger.embedding(self.embed.weight, ids) if use_npu_liger else self.embed(ids)
-            for layer in self.layers:
-                x = layer(x, cos, sin)
-            logits = self.lm_head(self.norm(x))
-            return F.cross_entropy(logits.view(-1, args.vocab).float(), labels.view(-1))
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        return Model()
-
-
-def shard(model, args):
+def shard(model, compute_dtype):
+    """FSDP2: every decoder layer, then the root (embedding, final norm, lm_head)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    dtype = getattr(torch, args.dtype)
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for layer in model.layers:
-        if args.compile:
-            layer.compile(backend=args.compile_backend)  # in place: fully_shard wraps the module itself
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model
 
 
-def rotary_tables(args, device):
-    import torch
-
-    head_dim = args.dim // args.heads
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-    angles = torch.outer(torch.arange(args.seq, device=device).float(), inv_freq)
-    emb = torch.cat([angles, angles], -1)[None]
-    dtype = getattr(torch, args.dtype)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def run(args, use_npu_liger: bool, device):
+def run_variant(job: dict) -> dict:
+    device = _setup(job["device"])
     import torch
     import torch.distributed as dist
 
-    model = shard(build_model(args, use_npu_liger, device), args)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.device == "cuda")
-    cos, sin = rotary_tables(args, device)
-    g = torch.Generator().manual_seed(1 + dist.get_rank())
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(device)
-    labels = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    variant, size = train_step.VARIANTS[job["variant"]], job["size"]
+    model, note = train_step.build_model(job["family"], size, variant, device, torch.float32)
+    model = shard(model, getattr(torch, job["dtype"]))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "npu"))
+    batches = train_step.make_batches(size, 4, device, seed=1 + rank)  # each rank its own data
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elif device.type == "npu":
-            torch.npu.synchronize()
-
-    def step():
-        loss = model(ids, cos, sin, labels)
+    def step(i):
+        ids = batches[i % len(batches)]
+        loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return loss.detach()
 
-    for _ in range(args.warmup):
-        step()
-    sync()
+    first_loss = step(0)
+    for i in range(1, job["warmup"]):
+        step(i)
+    train_step.synchronize(device)
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    sync()
+    for i in range(job["steps"]):
+        loss = step(job["warmup"] + i)
+    train_step.synchronize(device)
     dist.barrier()
     elapsed = time.perf_counter() - start
-    tokens = args.steps * args.batch * args.seq * dist.get_world_size()
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    del model, opt
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    return tokens / elapsed, elapsed / args.steps, loss.item(), peak
-
-
-def main():
-    args = parse_args()
-    device = setup(args)
-    import torch.distributed as dist
-
-    results = {}
-    for name, flag in (("torch", False), ("npu_liger", True)):
-        results[name] = run(args, flag, device)
-        if dist.get_rank() == 0:
-            tps, step_s, loss, peak = results[name]
-            print(f"{name:>10}: {tps:12,.0f} tokens/s  {step_s * 1e3:9.2f} ms/step  loss {loss:.4f}  "
-                  f"peak mem {peak:.2f} GiB/rank", flush=True)
-    if dist.get_rank() == 0:
-        print(f"npu_liger / torch throughput: {results['npu_liger'][0] / results['torch'][0]:.3f}x  "
-              f"({dist.get_world_size()} ranks, {args.layers} layers, dim {args.dim}, seq {args.seq}, "
-              f"batch {args.batch}/rank, {args.dtype}{', compiled' if args.compile else ''})")
+    # the mean loss over ranks, and the largest peak of any rank
+    stats = torch.stack([first_loss.float(), loss.float()]).to(device)
+    dist.all_reduce(stats)
+    peak = train_step.peak_gib(device)
+    peak_t = torch.tensor([peak if peak is not None else -1.0], device=device)
+    dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
+    tokens = job["steps"] * size["batch"] * size["seq"] * world
+    result = dict(device=device.type, ranks=world, tokens_per_s=tokens / elapsed,
+                  step_ms=elapsed / job["steps"] * 1e3, peak_gib_per_rank=peak_t.item() if peak is not None else None,
+                  first_loss=stats[0].item() / world, last_loss=stats[1].item() / world, note=note)
+    if rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The driver
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "npu"))
+    p.add_argument("--nproc", type=int, default=2, help="ranks (GPUs, or CPU processes)")
+    p.add_argument("--family", default="llama", choices=list(train_step.FAMILIES))
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help="comma-separated, from train_step.py's eager variants")
+    p.add_argument("--quick", action="store_true", help="2 warm-up + 5 timed steps")
+    p.add_argument("--smoke", action="store_true", help="tiny model, fp32, 1 warm-up + 2 timed steps (CPU test)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per rank (default: train_step's, 4)")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                   help="compute dtype (default bfloat16; float32 with --smoke)")
+    p.add_argument("--timeout-s", type=float, default=600, help="per variant")
+    p.add_argument("--out", default=None, help=f"output folder (default {os.path.relpath(OUTPUT, REPO)})")
+    p.add_argument("--publish", action="store_true", help=f"write to {os.path.relpath(PUBLISHED, REPO)}")
+    args = p.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    eager = [name for name, v in train_step.VARIANTS.items() if not v.compiled]
+    unknown = [v for v in args.variants if v not in eager]
+    if unknown:
+        p.error(f"unknown variant {unknown}; expected some of {eager}")
+    warmup, steps = (1, 2) if args.smoke else (2, 5) if args.quick else (3, 10)
+    args.warmup = max(1, args.warmup if args.warmup is not None else warmup)
+    args.steps = max(1, args.steps if args.steps is not None else steps)
+    args.dtype = args.dtype or ("float32" if args.smoke else "bfloat16")
+    args.size = dict(train_step.SIZES["smoke" if args.smoke else "default"])
+    if args.batch is not None:
+        args.size["batch"] = args.batch
+    args.out = args.out or (PUBLISHED if args.publish else OUTPUT)
+    return args
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(job: dict, nproc: int, timeout_s: float) -> dict:
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0",  # NVLink multicast off
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    if job["device"] == "cpu":
+        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), os.path.abspath(__file__),
+           "--worker", json.dumps(job)]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()][-8:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def markdown(meta, rows) -> str:
+    size = meta["size"]
+    lines = [
+        f"FSDP2, {meta['date']}, {meta['ranks']} x {meta.get('device_name', meta['device'])}: torch "
+        f"{meta['torch']}, transformers {meta['transformers']}, liger-kernel {meta['liger_kernel']}.",
+        f"Command: `{meta['command']}`. {meta['family']}-style model: {size['layers']} layers, hidden "
+        f"{size['hidden']}, intermediate {size['intermediate']}, {size['heads']}/{size['kv_heads']} heads of "
+        f"{size['head_dim']}, vocab {size['vocab']}; {size['batch']}x{size['seq']} tokens per rank and step; fp32 "
+        f"sharded parameters, {meta['dtype']} compute, fp32 reduction; {meta['warmup']} warm-up + "
+        f"{meta['steps']} timed steps.",
+        "",
+        "| variant | tokens/s (all ranks) | vs HF eager | ms/step | peak GiB per rank | first loss | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    base = next((r for r in rows if r["variant"] == "hf_eager" and "tokens_per_s" in r), None)
+    for row in rows:
+        if "tokens_per_s" not in row:
+            lines.append(f"| {row['variant']} | | | | | | {row.get('skipped') or 'FAILED: ' + row['error'][:300]} |")
+            continue
+        ratio = f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
+        peak = "" if row["peak_gib_per_rank"] is None else f"{row['peak_gib_per_rank']:.2f}"
+        lines.append(f"| {row['variant']} | {row['tokens_per_s']:,.0f} | {ratio} | {row['step_ms']:.1f} | {peak} | "
+                     f"{row['first_loss']:.4f} | {row['note'].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    meta = dict(train_step.environment(argparse.Namespace(device=args.device, dtype=args.dtype, warmup=args.warmup,
+                                                          steps=args.steps, compile_backend=None, smoke=args.smoke)),
+                command="python benchmarks/fsdp_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                ranks=args.nproc, family=args.family, size=args.size)
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < args.nproc:
+            print(f"needs {args.nproc} CUDA devices, found {torch.cuda.device_count()}", file=sys.stderr)
+            return 2
+    rows = []
+    for name in args.variants:
+        row = dict(variant=name)
+        if train_step.VARIANTS[name].liger is not None and meta["liger_kernel"] is None:
+            row["skipped"] = "liger_kernel is not installed"
+        else:
+            job = dict(family=args.family, variant=name, size=args.size, device=args.device, dtype=args.dtype,
+                       warmup=args.warmup, steps=args.steps)
+            row.update(launch(job, args.nproc, args.timeout_s))
+        rows.append(row)
+        if "tokens_per_s" in row:
+            peak = "" if row["peak_gib_per_rank"] is None else f"  peak {row['peak_gib_per_rank']:.2f} GiB/rank"
+            print(f"{name:>19}: {row['tokens_per_s']:12,.0f} tokens/s  {row['step_ms']:9.2f} ms/step{peak}  "
+                  f"first loss {row['first_loss']:.5f}", flush=True)
+        else:
+            print(f"{name:>19}: {row.get('skipped') or 'FAILED: ' + row['error']}", flush=True)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "fsdp.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "fsdp.md"), "w") as f:
+            f.write(markdown(meta, rows))
+    print(f"wrote {args.out}/fsdp.{{md,json}}")
+    return 1 if any("error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--worker"]:
+        run_variant(json.loads(sys.argv[2]))
+    else:
+        sys.exit(main())

@@ -51,7 +51,10 @@ def launch(names, timeout_s: float = LAUNCH_TIMEOUT_S) -> dict:
     """Run ``names`` on WORLD_SIZE fresh processes; returns case -> "ok" or the first failure (with its rank).
     Every rank writes its results as it goes, so a timeout still reports which cases finished."""
     out_dir = tempfile.mkdtemp(prefix="npu_liger_dist_")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(WORLD_SIZE),
+    # the workers import npu_liger from this checkout, installed or not
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(WORLD_SIZE),
                NPU_LIGER_TEST_DEVICE=DEVICE, NPU_LIGER_DIST_OUT=out_dir, NCCL_NVLS_ENABLE="0",
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if DEVICE == "cpu":
@@ -560,12 +563,19 @@ def _model_classes():
             h = self.attn_norm(x)
             q, k, v = (proj(h).view(bsz, seq, -1, HEAD_DIM).transpose(1, 2)
                        for proj in (self.q_proj, self.k_proj, self.v_proj))
-            causal = torch.full((seq, seq), float("-inf"), device=x.device).triu(1)
-            if isinstance(q, DTensor):  # tensor parallel: heads are sharded, the tables and mask are replicated
-                cos, sin, causal = (DTensor.from_local(t, q.device_mesh, [Replicate()], run_check=False)
-                                    for t in (cos, sin, causal))
+            tensor_parallel = isinstance(q, DTensor)
+            if tensor_parallel:  # heads are sharded, the rotary tables replicated
+                cos, sin = (DTensor.from_local(t, q.device_mesh, [Replicate()], run_check=False) for t in (cos, sin))
             q, k = npu_liger.rope(q, k, cos, sin)
+            if tensor_parallel:
+                # Attention mixes nothing across heads, so each rank attends over its own heads on plain tensors
+                # (Megatron's layout; o_proj, row-parallel, reads its input as Shard(-1)). Kept off DTensor on
+                # purpose: the 4-D matmul reshapes (batch, heads) into one bmm batch dim, and torch 2.11's
+                # DTensor refuses to flatten a Shard(1) dim that is not the first of the group ("Attempted to
+                # flatten multiple dimensions, with dimension 1 being sharded"; 2.13 makes it _StridedShard).
+                q, k, v = (t.to_local() for t in (q, k, v))
             # attention by hand: DTensor has no rule for the CPU flash-attention kernel behind F.sdpa
+            causal = torch.full((seq, seq), float("-inf"), device=x.device).triu(1)
             attn = torch.softmax(q @ k.transpose(-2, -1) * HEAD_DIM**-0.5 + causal, dim=-1) @ v
             x = x + self.o_proj(attn.transpose(1, 2).reshape(bsz, seq, -1))
             h = self.mlp_norm(x)

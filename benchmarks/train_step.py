@@ -1,0 +1,462 @@
+#!/usr/bin/env python
+"""Training-step benchmark: tokens/s and peak memory of whole HF transformers models, trained with and without
+npu_liger (and Liger-Kernel, and torch.compile).
+
+    python benchmarks/train_step.py                    # Llama-, Gemma- and Qwen3-style models, every variant
+    python benchmarks/train_step.py --quick            # the same, fewer timed steps
+    python benchmarks/train_step.py --families llama --variants hf_eager,npu_liger
+    python benchmarks/train_step.py --device cpu --smoke   # tiny models on the CPU (Triton interpreter), seconds
+
+Models are built from configs (no downloads), default size: 8 layers, hidden 2048, intermediate 8192, 16 query /
+8 key-value heads of 128, vocab 128256; batches of 4 x 2048 tokens; bf16 parameters, fused AdamW. Variants:
+
+    hf_eager            transformers as written
+    npu_liger_same_ops  npu_liger.transformers.apply_to_model with only rotary + gated MLP (Liger's partial patch)
+    liger_same_ops      Liger-Kernel's apply_liger_kernel_to_<family>, rotary + gated MLP only
+    npu_liger           apply_to_model(model) with its defaults (npu_liger's full patch)
+    liger_full          apply_liger_kernel_to_<family>() with its defaults (Liger's full patch)
+    hf_compiled         torch.compile(model) of the unpatched model
+    npu_liger_compiled  torch.compile(apply_to_model(model))
+
+Every variant runs in its own Python process (Liger patches transformers' modules for the whole process; a fresh
+process also gives a clean peak-memory count), builds the model from the same seed and trains on the same
+batches: the loss of the first step (before any update) must agree across variants, and is reported. Warm-up
+steps (compilation included) are not timed; the timed steps end with a device synchronisation. Peak memory is
+``torch.cuda.max_memory_allocated`` over the whole process (parameters, optimizer state and activations).
+Liger rows are skipped, with a note, when ``liger_kernel`` is not importable.
+
+Outputs: train_step.md (a table), train_step.json, train_step.png (tokens/s and peak GiB bars), in
+``benchmarks/output/train_step`` (untracked) or, with ``--publish``, ``benchmarks/results/train_step``.
+``benchmarks/fsdp_throughput.py`` builds the same models through ``build_model``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUTPUT = os.path.join(REPO, "benchmarks", "output", "train_step")
+PUBLISHED = os.path.join(REPO, "benchmarks", "results", "train_step")
+
+# Model and batch sizes. "default" is the issue's Llama-style model; "smoke" is small enough for the Triton
+# interpreter on two shared CPU cores.
+SIZES = {
+    "default": dict(layers=8, hidden=2048, intermediate=8192, heads=16, kv_heads=8, head_dim=128, vocab=128256,
+                    batch=4, seq=2048),
+    "smoke": dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, vocab=256,
+                  batch=2, seq=16),
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    config: str  # transformers config class
+    model: str  # transformers causal-LM class
+    liger_patch: str  # liger_kernel.transformers function
+    extra: tuple = ()  # config overrides of the family (key, value) pairs
+
+
+FAMILIES = {
+    "llama": Family("LlamaConfig", "LlamaForCausalLM", "apply_liger_kernel_to_llama"),
+    # Gemma: GeGLU (gelu_pytorch_tanh), tied embeddings, its (1 + weight) RMSNorm; our sizes, not Gemma's
+    "gemma": Family("GemmaConfig", "GemmaForCausalLM", "apply_liger_kernel_to_gemma",
+                    (("hidden_act", "gelu_pytorch_tanh"),)),
+    # Qwen3: SwiGLU with RMSNorm on q and k per head
+    "qwen3": Family("Qwen3Config", "Qwen3ForCausalLM", "apply_liger_kernel_to_qwen3"),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    npu_liger: Optional[str] = None  # None, "same" (Liger's partial patch's ops) or "full" (defaults)
+    liger: Optional[str] = None  # likewise for Liger-Kernel
+    compiled: bool = False
+
+
+VARIANTS = {
+    "hf_eager": Variant(),
+    "npu_liger_same_ops": Variant(npu_liger="same"),
+    "liger_same_ops": Variant(liger="same"),
+    "npu_liger": Variant(npu_liger="full"),
+    "liger_full": Variant(liger="full"),
+    "hf_compiled": Variant(compiled=True),
+    "npu_liger_compiled": Variant(npu_liger="full", compiled=True),
+}
+
+SAME_OPS = {"rope", "mlp", "swiglu", "geglu"}  # what Liger's partial patch (and ours to match it) switch on
+
+
+def patch_kwargs(patch_fn, which: str) -> dict:
+    """Keyword arguments of a patch function (npu_liger's ``apply_to_model`` or Liger's ``apply_liger_kernel_to_*``)
+    for ``which``: "full" is the function's own defaults; "same" turns on rotary and the gated MLP and every other
+    boolean flag the installed version has (norms, losses, embedding, ...) off. Read from the signature, so flags
+    added later (npu_liger's ``norm``/``loss``) are switched off here without editing this file."""
+    if which == "full":
+        return {}
+    params = inspect.signature(patch_fn).parameters.values()
+    return {p.name: p.name in SAME_OPS for p in params if isinstance(p.default, bool)}
+
+
+def model_config(family: str, size: dict):
+    import transformers
+
+    fam = FAMILIES[family]
+    config = getattr(transformers, fam.config)(
+        vocab_size=size["vocab"], hidden_size=size["hidden"], intermediate_size=size["intermediate"],
+        num_hidden_layers=size["layers"], num_attention_heads=size["heads"], num_key_value_heads=size["kv_heads"],
+        head_dim=size["head_dim"], max_position_embeddings=max(size["seq"], 2048), attn_implementation="sdpa",
+        **dict(fam.extra))
+    config.use_cache = False  # training: no KV cache
+    return config
+
+
+def build_model(family: str, size: dict, variant: Variant, device, dtype, seed: int = 0):
+    """The model of ``family`` at ``size`` with ``variant``'s patches, parameters in ``dtype`` on ``device``;
+    returns (model, a note saying what was patched). Liger patches transformers' classes, so it runs first;
+    npu_liger patches the built model. Compilation is left to the caller."""
+    import torch
+    import transformers
+
+    fam = FAMILIES[family]
+    note = ""
+    if variant.liger is not None:
+        import liger_kernel.transformers as lk  # ImportError: the caller skips the variant
+
+        patch = getattr(lk, fam.liger_patch)
+        kwargs = patch_kwargs(patch, variant.liger)
+        patch(**kwargs)
+        note = f"{fam.liger_patch}({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = getattr(transformers, fam.model)(model_config(family, size))
+    model = model.to(dtype)
+    model.train()
+    if variant.npu_liger is not None:
+        import npu_liger.transformers as nlt
+
+        kwargs = patch_kwargs(nlt.apply_to_model, variant.npu_liger)
+        nlt.apply_to_model(model, **kwargs)
+        note = f"apply_to_model({', '.join(f'{k}={v}' for k, v in kwargs.items())}): {nlt.patch_summary(model)}"
+    return model, note
+
+
+def make_batches(size: dict, count: int, device, seed: int = 1):
+    """``count`` random token batches (the labels are the inputs; HF shifts them), identical in every process."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, size["vocab"], (size["batch"], size["seq"]), generator=g).to(device)
+            for _ in range(count)]
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":
+        torch.npu.synchronize()
+
+
+def peak_gib(device) -> Optional[float]:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    if device.type == "npu":
+        return torch.npu.max_memory_allocated() / 2**30
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One variant (in its own process)
+
+
+def run_variant(job: dict) -> dict:
+    """Build, warm up and time one (family, variant); returns the measurements."""
+    if job["device"] == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (through npu_liger)
+    import torch
+    import torch._dynamo
+
+    if job["device"] == "npu":
+        import torch_npu  # noqa: F401
+    device = torch.device(job["device"])
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    variant, size = VARIANTS[job["variant"]], job["size"]
+    dtype = getattr(torch, job["dtype"])
+    model, note = build_model(job["family"], size, variant, device, dtype)
+    run = model
+    if variant.compiled and job["compile_scope"] == "layers":
+        # each decoder layer on its own (identical layers share one compiled graph: a fraction of the compile
+        # time); embedding, final norm, lm_head and the loss stay eager
+        for layer in model.model.layers:
+            layer.compile(backend=job["compile_backend"])
+    elif variant.compiled:
+        run = torch.compile(model, backend=job["compile_backend"])
+    # fused AdamW where the device has it (the issue's setting); the foreach implementation elsewhere
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "npu"))
+    batches = make_batches(size, 4, device)
+
+    def step(i):
+        ids = batches[i % len(batches)]
+        loss = run(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    started = time.perf_counter()
+    first_loss = step(0).item()  # before any update: the same model and batch in every variant
+    for i in range(1, job["warmup"]):
+        step(i)
+    synchronize(device)
+    warmup_s = time.perf_counter() - started
+    start = time.perf_counter()
+    for i in range(job["steps"]):
+        loss = step(job["warmup"] + i)
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    tokens = job["steps"] * size["batch"] * size["seq"]
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values()) if variant.compiled else None
+    return dict(device=device.type, tokens_per_s=tokens / elapsed, step_ms=elapsed / job["steps"] * 1e3, peak_gib=peak_gib(device),
+                first_loss=first_loss, last_loss=loss.item(), warmup_s=warmup_s, graph_breaks=breaks, note=note)
+
+
+def _worker(job_json: str) -> None:
+    job = json.loads(job_json)
+    print("RESULT " + json.dumps(run_variant(job)), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The driver
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "npu"))
+    p.add_argument("--quick", action="store_true", help="fewer timed steps (2 warm-up, 5 timed)")
+    p.add_argument("--smoke", action="store_true", help="tiny models, 2 warm-up + 2 timed steps, fp32, compiled "
+                   "variants through the aot_eager backend (for the CPU test)")
+    p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated: {','.join(FAMILIES)}")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated: {','.join(VARIANTS)}")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps, compilation included (default 3)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10)")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                   help="parameter dtype (default bfloat16; fp32 with --smoke)")
+    p.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; aot_eager "
+                   "with --smoke)")
+    p.add_argument("--compile-scope", default="model", choices=("model", "layers"),
+                   help="torch.compile the whole model (default) or each decoder layer (much faster to compile)")
+    p.add_argument("--timeout-s", type=float, default=600, help="per variant")
+    p.add_argument("--budget-s", type=float, default=None, help="start no new variant after this many seconds "
+                   "(the rest are listed as skipped); families run in the order given")
+    p.add_argument("--out", default=None, help=f"output folder (default {os.path.relpath(OUTPUT, REPO)})")
+    p.add_argument("--publish", action="store_true", help=f"write to {os.path.relpath(PUBLISHED, REPO)}")
+    args = p.parse_args(argv)
+    args.families = [f for f in args.families.split(",") if f]
+    args.variants = [v for v in args.variants.split(",") if v]
+    for name, given, known in (("family", args.families, FAMILIES), ("variant", args.variants, VARIANTS)):
+        unknown = [x for x in given if x not in known]
+        if unknown:
+            p.error(f"unknown {name} {unknown}; expected some of {list(known)}")
+    quick_steps = (2, 2) if args.smoke else (2, 5) if args.quick else (3, 10)
+    args.warmup = max(1, args.warmup if args.warmup is not None else quick_steps[0])
+    args.steps = max(1, args.steps if args.steps is not None else quick_steps[1])
+    args.dtype = args.dtype or ("float32" if args.smoke else "bfloat16")
+    args.compile_backend = args.compile_backend or ("aot_eager" if args.smoke else "inductor")
+    args.out = args.out or (PUBLISHED if args.publish else OUTPUT)
+    return args
+
+
+def liger_version() -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version("liger-kernel")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+def launch(job: dict, timeout_s: float) -> dict:
+    """Run one variant in a fresh interpreter; returns its measurements or ``{"error": ...}``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    if job["device"] == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def environment(args) -> dict:
+    import torch
+    import transformers
+
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                command="python benchmarks/train_step.py " + " ".join(sys.argv[1:]), device=args.device,
+                torch=torch.__version__, transformers=transformers.__version__, liger_kernel=liger_version(),
+                dtype=args.dtype, warmup=args.warmup, steps=args.steps, compile_backend=args.compile_backend,
+                compile_scope=getattr(args, "compile_scope", None),
+                size=SIZES["smoke" if args.smoke else "default"])
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    if args.device == "cuda" and torch.cuda.is_available():
+        meta["device_name"] = torch.cuda.get_device_name(0)
+    return meta
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    meta = environment(args)
+    rows, run_started = [], time.perf_counter()
+    for family in args.families:
+        for name in args.variants:
+            row = dict(family=family, variant=name)
+            if VARIANTS[name].liger is not None and meta["liger_kernel"] is None:
+                row["skipped"] = "liger_kernel is not installed"
+            elif args.budget_s is not None and time.perf_counter() - run_started > args.budget_s:
+                row["skipped"] = f"time budget ({args.budget_s:.0f} s) spent"
+            else:
+                started = time.perf_counter()
+                job = dict(family=family, variant=name, size=meta["size"], device=args.device, dtype=args.dtype,
+                           warmup=args.warmup, steps=args.steps, compile_backend=args.compile_backend,
+                           compile_scope=args.compile_scope)
+                row.update(launch(job, args.timeout_s))
+                row["wall_s"] = time.perf_counter() - started
+            rows.append(row)
+            print(format_row(row, rows), flush=True)
+            write_outputs(meta, rows, args.out)  # after every variant: an interrupted run keeps what it measured
+    print(f"wrote {args.out}/train_step.{{md,json,png}}")
+    return 1 if any("error" in r for r in rows) else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reporting
+
+
+def _baseline(row, rows):
+    return next((r for r in rows if r["family"] == row["family"] and r["variant"] == "hf_eager"
+                 and "tokens_per_s" in r), None)
+
+
+def format_row(row, rows) -> str:
+    head = f"{row['family']:>6} {row['variant']:<19}"
+    if "skipped" in row:
+        return f"{head} skipped: {row['skipped']}"
+    if "error" in row:
+        return f"{head} FAILED: {row['error']}"
+    peak = "" if row["peak_gib"] is None else f"  peak {row['peak_gib']:6.2f} GiB"
+    return (f"{head} {row['tokens_per_s']:11,.0f} tokens/s  {row['step_ms']:9.2f} ms/step{peak}  "
+            f"first loss {row['first_loss']:.5f}  ({row['wall_s']:.0f} s)")
+
+
+def loss_check(row, rows) -> str:
+    """The first-step loss against HF eager's: same weights, same batch, so only rounding may differ."""
+    base = _baseline(row, rows)
+    if base is None or "first_loss" not in row:
+        return ""
+    rel = abs(row["first_loss"] - base["first_loss"]) / abs(base["first_loss"])
+    return f"{rel:.1e}" + (" !!" if rel > 1e-2 else "")
+
+
+def markdown(meta, rows) -> str:
+    size = meta["size"]
+    lines = [
+        f"Training step, {meta['date']}, {meta.get('device_name', meta['device'])}: torch {meta['torch']}, "
+        f"triton {meta['triton']}, transformers {meta['transformers']}, liger-kernel {meta['liger_kernel']}.",
+        f"Command: `{meta['command']}`. Model: {size['layers']} layers, hidden {size['hidden']}, intermediate "
+        f"{size['intermediate']}, {size['heads']}/{size['kv_heads']} heads of {size['head_dim']}, vocab "
+        f"{size['vocab']}; {size['batch']}x{size['seq']} tokens per step, {meta['dtype']} parameters, AdamW; "
+        f"{meta['warmup']} warm-up + {meta['steps']} timed steps; torch.compile backend {meta['compile_backend']} "
+        f"over the {'whole model' if meta['compile_scope'] == 'model' else 'decoder layers'}.",
+        "",
+        "| family | variant | tokens/s | vs HF eager | ms/step | peak GiB | first loss | vs eager | warm-up s | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if "tokens_per_s" not in row:
+            lines.append(f"| {row['family']} | {row['variant']} | | | | | | | | "
+                         f"{row.get('skipped') or 'FAILED: ' + row['error'][:200]} |")
+            continue
+        base = _baseline(row, rows)
+        ratio = f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
+        peak = "" if row["peak_gib"] is None else f"{row['peak_gib']:.1f}"
+        note = row["note"].replace("|", "/")
+        if row.get("graph_breaks") is not None:
+            note = f"graph breaks: {row['graph_breaks']}" + (f"; {note}" if note else "")
+        lines.append(f"| {row['family']} | {row['variant']} | {row['tokens_per_s']:,.0f} | {ratio} | "
+                     f"{row['step_ms']:.1f} | {peak} | {row['first_loss']:.4f} | {loss_check(row, rows)} | "
+                     f"{row['warmup_s']:.0f} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if "tokens_per_s" in r]
+    if not done:
+        return
+    families = list(dict.fromkeys(r["family"] for r in done))
+    variants = list(dict.fromkeys(r["variant"] for r in done))
+    width = 0.8 / len(variants)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for ax, key, label in ((axes[0], "tokens_per_s", "tokens/s (thousands)"), (axes[1], "peak_gib", "peak GiB")):
+        for j, variant in enumerate(variants):
+            xs, ys = [], []
+            for i, family in enumerate(families):
+                row = next((r for r in done if r["family"] == family and r["variant"] == variant), None)
+                if row is not None and row[key] is not None:
+                    xs.append(i + (j - (len(variants) - 1) / 2) * width)
+                    ys.append(row[key] / 1e3 if key == "tokens_per_s" else row[key])
+            ax.bar(xs, ys, width, label=variant)
+        ax.set_xticks(range(len(families)), families)
+        ax.set_ylabel(label)
+        if all(r[key] is None for r in done):
+            ax.set_title(f"not measured on {done[0].get('device', 'this device')}", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("training step: tokens/s and peak memory")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(meta, rows, out) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "train_step.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(out, "train_step.md"), "w") as f:
+        f.write(markdown(meta, rows))
+    plot(rows, os.path.join(out, "train_step.png"))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        _worker(sys.argv[2])
+    else:
+        sys.exit(main())
