@@ -89,7 +89,8 @@ FAMILIES = {
     "gemma3": (lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**COMMON, sliding_window=4)),
                ("geglu", "rope", "rms_norm")),
     "qwen2_vl": (_qwen2_vl, ("swiglu", _qwen2_vl_rope_op(), "rms_norm")),
-    **({"qwen2_5_vl": (_qwen2_5_vl, ("swiglu", "rope")), "qwen3_vl": (_qwen3_vl, ("swiglu", "rope"))}
+    **({"qwen2_5_vl": (_qwen2_5_vl, ("swiglu", "rope", "rms_norm")),
+        "qwen3_vl": (_qwen3_vl, ("swiglu", "rope", "rms_norm"))}
        if hasattr(transformers, "Qwen3VLConfig") else {}),  # 5.x only
     "llama4": (lambda: transformers.Llama4ForCausalLM(transformers.Llama4TextConfig(
         **COMMON, intermediate_size_mlp=48, num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2)),
@@ -448,7 +449,7 @@ def test_loss_patch_matches_unpatched_loss_and_gradients(family):
         ref_eval = model(input_ids=ids, labels=labels)
     model.train()
 
-    nlt.apply_to_model(model, rope=False, mlp=False)
+    nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
     assert nlt.patch_summary(model)["loss"] == 1
     with CountOps() as counter:
         out, got = _run_loss(model, ids, labels)
@@ -474,11 +475,11 @@ def test_loss_patch_matches_unpatched_loss_and_gradients(family):
 
 def test_loss_patch_before_building_and_flag_off():
     _require_ops(("fused_linear_cross_entropy",))
-    nlt.apply_npu_liger_to_llama(rope=False, mlp=False)
+    nlt.apply_npu_liger_to_llama(rope=False, mlp=False, norm=False)
     assert nlt.patch_summary(_build("llama"))["loss"] == 1
-    nlt.apply_npu_liger_to_llama(rope=False, mlp=False, loss=False)
+    nlt.apply_npu_liger_to_llama(rope=False, mlp=False, norm=False, loss=False)
     assert nlt.patch_summary(_build("llama"))["loss"] == 0
-    nlt.apply_npu_liger_to_llama(rope=False, mlp=False)
+    nlt.apply_npu_liger_to_llama(rope=False, mlp=False, norm=False)
     nlt.revert("llama")
     assert nlt.patch_summary(_build("llama"))["loss"] == 0
     model = nlt.apply_to_model(_build("llama"), loss=False)
@@ -497,5 +498,5 @@ def test_loss_patch_leaves_an_unknown_forward_alone():
     torch.manual_seed(0)
     model = Custom(transformers.LlamaConfig(**COMMON)).to(DEVICE)
     with pytest.warns(UserWarning, match="loss is left unpatched"):
-        nlt.apply_to_model(model, rope=False, mlp=False)
+        nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
     assert nlt.patch_summary(model)["loss"] == 0

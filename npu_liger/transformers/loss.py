@@ -33,7 +33,7 @@ from torch import nn
 
 from . import _patching
 from .families import FAMILIES, FAMILY_BY_MODULE
-from .modules import _patch_forward
+from .modules import _patch_forward, patched_function
 
 # The causal-LM classes of each family whose training loss is patched.
 CAUSAL_LM_CLASSES = {
@@ -45,6 +45,8 @@ CAUSAL_LM_CLASSES = {
     "gemma2": ("Gemma2ForCausalLM",),
     "gemma3": ("Gemma3ForCausalLM",),
     "qwen2_vl": ("Qwen2VLForConditionalGeneration",),
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration",),
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration",),
     "llama4": ("Llama4ForCausalLM",),
 }
 # Fragments (whitespace removed) the original forward must contain for the patched one to be equivalent.
@@ -169,8 +171,7 @@ def patch_losses(model: nn.Module) -> int:
 
 
 def loss_patched(module: nn.Module) -> bool:
-    forward = module.__dict__.get("forward")
-    return getattr(forward, "__func__", forward) is _causal_lm_forward
+    return patched_function(module) is _causal_lm_forward
 
 
 def hook_family_losses(name: str, loss: bool) -> None:

@@ -105,10 +105,14 @@ def _patch_forward(module: nn.Module, forward) -> None:
     _patching.set_instance_attr(module, "forward", functools.partial(forward, module))
 
 
+def patched_function(module: nn.Module):
+    """The module-level function a module's patched ``forward`` runs (None if its forward is not patched)."""
+    return getattr(module.__dict__.get("forward"), "func", None)
+
+
 def patched_op(module: nn.Module) -> Optional[str]:
     """The npu_liger op a patched module runs (None if unpatched)."""
-    forward = module.__dict__.get("forward")
-    func = getattr(forward, "func", None)
+    func = patched_function(module)
     for table in (_MLP_FORWARDS, _EXPERT_FORWARDS):
         for op, f in table.items():
             if func is f:

@@ -23,7 +23,7 @@ from torch import nn
 import npu_liger
 
 from .families import FAMILY_BY_MODULE
-from .modules import _patch_forward
+from .modules import _patch_forward, patched_function
 
 
 def _llama_rms_forward(self, hidden_states):
@@ -58,7 +58,8 @@ _GEMMA_SOURCE = (_NORM_METHOD, "output=self._norm(x.float())", "output=output*(1
 # module are patched (FAMILY_BY_MODULE).
 RMS_NORM_CLASSES: Dict[str, Tuple] = {
     **{name: (_llama_rms_forward, _LLAMA_SOURCE)
-       for name in ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen2VLRMSNorm")},
+       for name in ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen2VLRMSNorm",
+                    "Qwen2_5_VLRMSNorm", "Qwen3VLTextRMSNorm")},
     **{name: (_gemma_rms_forward, _GEMMA_SOURCE) for name in ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")},
     "Llama4TextRMSNorm": (_llama4_rms_forward, _LLAMA4_SOURCE),
 }
@@ -107,8 +108,7 @@ def patch_norms(root: nn.Module, *, layer_norm: bool = True) -> int:
 
 def patched_norm_op(module: nn.Module) -> Optional[str]:
     """The npu_liger op a patched norm runs (None if not a patched norm)."""
-    forward = module.__dict__.get("forward")
-    return NORM_OPS.get(getattr(forward, "__func__", None))
+    return NORM_OPS.get(patched_function(module))
 
 
 def norm_summary(model: nn.Module) -> Dict[str, int]:
