@@ -125,13 +125,23 @@ def causal_lm_loss(hidden: torch.Tensor, lm_head: nn.Linear, labels: torch.Tenso
 _PLANS = {}  # class -> _Plan, filled when an instance is patched (the forward only looks it up: compile-friendly)
 
 
+def _plan_of(cls: type) -> "_Plan":
+    """The plan of ``cls`` or of the class it was derived from (FSDP2's ``fully_shard`` swaps a module's class for
+    a generated subclass, e.g. ``FSDPLlamaForCausalLM``)."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = next(_PLANS[base] for base in cls.__mro__ if base in _PLANS)
+        _PLANS[cls] = plan
+    return plan
+
+
 def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] = None, **kwargs):
     """The patched ``*ForCausalLM.forward``: see the module docstring. Arguments after input_ids are taken by
     keyword (as the Trainer and generate pass them); positional ones go to the original forward."""
     labels = kwargs.get("labels")
     if args or not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self):
         return type(self).forward(self, input_ids, *args, **kwargs)
-    plan = _PLANS[type(self)]
+    plan = _plan_of(type(self))
     model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep")}
     outputs = self.model(input_ids=input_ids, **model_kwargs)
     hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
