@@ -50,8 +50,18 @@ CAUSAL_LM_CLASSES = {
     "llama4": ("Llama4ForCausalLM",),
 }
 # Fragments (whitespace removed) the original forward must contain for the patched one to be equivalent.
-_REQUIRED = ("=self.model(", "hidden_states=slice_logits_to_keep(hidden_states,logits_to_keep)",
-             "logits=self.lm_head(hidden_states)", "self.loss_function(")
+# (A tuple: any one of its forms; transformers 5.17 slices inline, 5.24 through slice_logits_to_keep.)
+_REQUIRED = ("=self.model(",
+             ("hidden_states=slice_logits_to_keep(hidden_states,logits_to_keep)",
+              "slice_indices=slice(-logits_to_keep,None)ifisinstance(logits_to_keep,int)elselogits_to_keep"),
+             ("logits=self.lm_head(hidden_states)", "logits=self.lm_head(hidden_states[:,slice_indices,:])"),
+             "self.loss_function(")
+
+
+def _keep_positions(hidden, logits_to_keep):
+    """transformers' ``logits_to_keep`` slicing: an int keeps the last n positions (0: all), a tensor indexes."""
+    index = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    return hidden[:, index, :]
 _SOFTCAP = ("logits=logits/self.config.final_logit_softcapping", "logits=torch.tanh(logits)",
             "logits=logits*self.config.final_logit_softcapping")
 _NOT_FORWARDED = {"self", "labels", "logits_to_keep", "kwargs"}
@@ -76,7 +86,7 @@ def _plan(cls: type) -> Optional[_Plan]:
         return _unknown(cls, "no source to check")
     signature = inspect.signature(forward)
     forwarded = [p for p in signature.parameters if p not in _NOT_FORWARDED]
-    missing = [f for f in _REQUIRED if f not in source] + [f"{p}={p}" for p in forwarded if f"{p}={p}" not in source]
+    missing = [f for f in _REQUIRED if not any(form in source for form in (f if isinstance(f, tuple) else (f,)))] + [f"{p}={p}" for p in forwarded if f"{p}={p}" not in source]
     softcap = "final_logit_softcapping" in source
     if softcap:
         missing += [f for f in _SOFTCAP if f not in source]
@@ -145,9 +155,7 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep")}
     outputs = self.model(input_ids=input_ids, **model_kwargs)
     hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
-    from transformers.modeling_utils import slice_logits_to_keep
-
-    hidden = slice_logits_to_keep(hidden, kwargs.get("logits_to_keep", 0))
+    hidden = _keep_positions(hidden, kwargs.get("logits_to_keep", 0))
     softcap = self.config.final_logit_softcapping if plan.softcap else None
     loss = causal_lm_loss(hidden, self.lm_head, labels, softcap, kwargs.get("num_items_in_batch"),
                           kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))
