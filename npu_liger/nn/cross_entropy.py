@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..npu_ops.cross_entropy import REDUCTIONS
+from ..npu_ops.cross_entropy import check_loss_options
 from ..registrations.cross_entropy import cross_entropy
 from ..registrations.fused_linear_cross_entropy import fused_linear_cross_entropy
 
@@ -16,14 +16,7 @@ class _LossOptions(nn.Module):
     def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
                  softcap: Optional[float] = None, lse_square_scale: float = 0.0):
         super().__init__()
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
-        if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-        if softcap is not None and not softcap > 0.0:
-            raise ValueError(f"softcap must be None or > 0, got {softcap}")
-        if not lse_square_scale >= 0.0:
-            raise ValueError(f"lse_square_scale must be >= 0, got {lse_square_scale}")
+        check_loss_options(reduction, label_smoothing, softcap, lse_square_scale)
         self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
         self.softcap, self.lse_square_scale = softcap, lse_square_scale
 

@@ -216,6 +216,12 @@ def check_cross_entropy_args(target: torch.Tensor, n_rows, ignore_index: int, re
         raise RuntimeError(f"target must be on the device of {ref_name} ({ref.device}), got {target.device}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, torch.SymInt)):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    check_loss_options(reduction, label_smoothing, softcap, lse_square_scale)
+
+
+def check_loss_options(reduction: str, label_smoothing: float, softcap: Optional[float],
+                       lse_square_scale: float) -> None:
+    """The scalar options of both losses (also checked when an ``nn`` loss module is built)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
