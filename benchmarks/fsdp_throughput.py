@@ -82,16 +82,8 @@ def run_variant(job: dict) -> dict:
     variant, size = train_step.VARIANTS[job["variant"]], job["size"]
     model, note = train_step.build_model(job["family"], size, variant, device, torch.float32)
     model = shard(model, getattr(torch, job["dtype"]))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "npu"))
     batches = train_step.make_batches(size, 4, device, seed=1 + rank)  # each rank its own data
-
-    def step(i):
-        ids = batches[i % len(batches)]
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+    step = train_step.training_step(model, model, batches, device)
 
     first_loss = step(0)
     for i in range(1, job["warmup"]):

@@ -119,6 +119,25 @@ def model_config(family: str, size: dict):
     return config
 
 
+def training_step(run, model, batches, device):
+    """``step(i)``: one optimisation step on batch ``i`` (cycled) -- forward with the inputs as labels (HF shifts
+    them), backward, AdamW update -- returning the detached loss. ``run`` is the model or its compiled form.
+    AdamW is fused where the device has it (the issue's setting); the foreach implementation elsewhere."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "npu"))
+
+    def step(i):
+        ids = batches[i % len(batches)]
+        loss = run(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
 def build_model(family: str, size: dict, variant: Variant, device, dtype, seed: int = 0):
     """The model of ``family`` at ``size`` with ``variant``'s patches, parameters in ``dtype`` on ``device``;
     returns (model, a note saying what was patched). Liger patches transformers' classes, so it runs first;
@@ -204,17 +223,7 @@ def run_variant(job: dict) -> dict:
             layer.compile(backend=job["compile_backend"])
     elif variant.compiled:
         run = torch.compile(model, backend=job["compile_backend"])
-    # fused AdamW where the device has it (the issue's setting); the foreach implementation elsewhere
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "npu"))
-    batches = make_batches(size, 4, device)
-
-    def step(i):
-        ids = batches[i % len(batches)]
-        loss = run(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+    step = training_step(run, model, make_batches(size, 4, device), device)
 
     started = time.perf_counter()
     first_loss = step(0).item()  # before any update: the same model and batch in every variant
