@@ -7,8 +7,19 @@ interpreter, which must be switched on before triton is first imported, i.e. bef
 import os
 import sys
 
-_device_from_argv = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--device=")), None)
-DEVICE = _device_from_argv or os.environ.get("NPU_LIGER_TEST_DEVICE", "cpu")
+
+def _device_from_argv():
+    """``--device=X`` or ``--device X``: read before pytest parses options, because TRITON_INTERPRET must be
+    set before anything imports triton (a missed ``--device cuda`` would run the CPU interpreter instead)."""
+    for i, arg in enumerate(sys.argv):
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+        if arg == "--device" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+    return None
+
+
+DEVICE = _device_from_argv() or os.environ.get("NPU_LIGER_TEST_DEVICE", "cpu")
 os.environ["NPU_LIGER_TEST_DEVICE"] = DEVICE
 if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
