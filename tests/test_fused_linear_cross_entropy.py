@@ -149,12 +149,18 @@ def test_chunks_never_hold_more_rows_than_chunk_rows(monkeypatch, small_ub):
 
 
 def test_chunk_rows_from_memory():
-    # the benchmark shape: logits of about x's size, 256 rows (66 MB of bf16 logits, not 2.1 GB)
-    assert flce_kernels.chunk_rows(8192, 4096, 128256) == 256
-    assert flce_kernels.chunk_rows(8192, 4096, 32000) == 1024
-    assert flce_kernels.chunk_rows(10, 4096, 128256) == 10  # never more than BT
-    assert flce_kernels.chunk_rows(100_000, 64, 256_000) == flce_kernels.MIN_CHUNK_ROWS
+    # the benchmark shape: 1024 rows, where the weight-gradient matmul stops being memory-bound
+    # (263 MB of bf16 logits, 1/16 of the fp32 logits, not 2.1 GB)
+    assert flce_kernels.chunk_rows(8192, 4096, 128256) == 1024
+    assert flce_kernels.chunk_rows(2048, 4096, 128256) == 512  # at most a quarter of the rows
+    assert flce_kernels.chunk_rows(32768, 4096, 32000) == 4096  # logits of x's size when that is more
+    assert flce_kernels.chunk_rows(10, 4096, 128256) == 10  # tiny calls: one chunk (never more than BT)
+    assert flce_kernels.chunk_rows(1000, 4096, 128256) == 128  # MIN_CHUNK_ROWS .. a quarter, a power of two
+    assert flce_kernels.chunk_rows(100_000, 64, 256_000) == flce_kernels.EFFICIENT_CHUNK_ROWS
     assert flce_kernels.chunk_rows(0, 8, 8) >= 1
+    for n_rows in (1, 5, 100, 256, 4096, 10_000):  # a quarter of the rows at most, beyond tiny calls
+        rows = flce_kernels.chunk_rows(n_rows, 4096, 128256)
+        assert 1 <= rows <= max(n_rows // 4, min(n_rows, flce_kernels.MIN_CHUNK_ROWS))
 
 
 def test_gradient_accumulation_with_sum_and_num_items_in_batch():
