@@ -182,3 +182,48 @@ def test_record_plans_sees_every_launch_with_its_caller():
     callers = [r.caller for r in plans]
     assert callers[0].startswith("npu_liger.npu_ops.") and callers[-1] == "npu_liger.npu_ops.tvd.tvd_forward"
     assert len(plans) == 2 and plans[-1].request.shapes == ((40,),) and plans[-1].device_type == a.device.type
+
+
+def test_direct_launch_key_separates_what_triton_specialises_on():
+    """``LaunchedKernel`` reuses a compiled kernel only for arguments Triton would compile the same way: ints
+    equal to 1, multiples of 16 and beyond 32 bits, tensor dtypes and 16-byte alignment all change the key."""
+    from npu_liger.npu_ops._triton import _arg_key
+
+    keys = [_arg_key(v) for v in (1, 2, 3, 16, 32, 2**31, -2**31 - 1)]
+    assert keys[1] == keys[2] and keys[3] == keys[4]  # 2 ~ 3, 16 ~ 32: compiled alike
+    assert len({keys[0], keys[1], keys[3], keys[5]}) == 4 and keys[6] != keys[1]
+    t = torch.zeros(8, dtype=torch.float32)
+    assert _arg_key(t) != _arg_key(t[1:])  # 4-byte offset: no longer 16-byte aligned
+    assert _arg_key(t) == _arg_key(torch.zeros(3, dtype=torch.float32)) != _arg_key(t.half())
+    assert _arg_key(0.5) == _arg_key(2.0) and _arg_key(None) != _arg_key(False) != _arg_key(True)
+
+
+def test_kernels_are_triton_functions_under_the_interpreter():
+    from npu_liger.npu_ops import rms_norm
+    from npu_liger.npu_ops._triton import LaunchedKernel, interpreter_enabled
+
+    kernel = rms_norm._rms_norm_fwd_kernel
+    assert isinstance(kernel, LaunchedKernel) != interpreter_enabled()
+    assert kernel.fn.__name__ == "_rms_norm_fwd_kernel"  # JITFunction attributes reachable either way
+
+
+@pytest.mark.skipif(os.environ.get("NPU_LIGER_TEST_DEVICE") != "cuda", reason="the direct launch is CUDA's")
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_direct_launch_reuses_compiled_kernels_and_matches_triton(direct):
+    """Same results with and without the shortcut, on aligned and misaligned views, one entry per key."""
+    script = textwrap.dedent("""
+        import torch, npu_liger
+        from npu_liger.npu_ops import swiglu
+        kernel = swiglu._swiglu_fwd_kernel
+        base = torch.randn(2, 4097, device="cuda")
+        for _ in range(3):
+            for offset in (0, 1, 4):  # 16-byte aligned, then two misaligned starts
+                a, b = base[0, offset:offset + 4000], base[1, offset:offset + 4000]
+                torch.testing.assert_close(npu_liger.swiglu(a, b), torch.nn.functional.silu(a) * b)
+        print(len(kernel._compiled) if hasattr(kernel, "_compiled") else "none")
+    """)
+    env = dict(os.environ, NPU_LIGER_DIRECT_LAUNCH=direct)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    # offsets 1 and 4 elements (4 and 16 bytes): 0 and 4 are aligned, 1 is not -> two keys when direct
+    assert result.stdout.strip() == ("2" if direct == "1" else "0"), result.stdout

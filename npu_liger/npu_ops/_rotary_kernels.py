@@ -45,7 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._triton import grid_stride, program_start
+from ._triton import grid_stride, launched_kernel, program_start
 
 # Integer arguments that change with batch size or sequence length: never specialised (see module docstring).
 SHAPE_DEPENDENT_ARGS = (
@@ -152,7 +152,7 @@ def _rotary_rows(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                       head_dim, half, c1, s1, c2, s2, BLOCK_KH, BLOCK_HALF, VEC, INTERLEAVED, BACKWARD)
 
 
-@triton.jit(do_not_specialize=SHAPE_DEPENDENT_ARGS)
+@launched_kernel(do_not_specialize=SHAPE_DEPENDENT_ARGS)
 def _rotary_fwd_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                        n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
                        q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,
@@ -165,7 +165,7 @@ def _rotary_fwd_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
                  BLOCK_QH, BLOCK_KH, BLOCK_HALF, VEC, TVEC, INTERLEAVED, MROPE, PLANE_MASKS, False)
 
 
-@triton.jit(do_not_specialize=SHAPE_DEPENDENT_ARGS)
+@launched_kernel(do_not_specialize=SHAPE_DEPENDENT_ARGS)
 def _rotary_bwd_kernel(grad_q_ptr, grad_k_ptr, cos_ptr, sin_ptr, grad_q_in_ptr, grad_k_in_ptr,
                        n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
                        q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, t_sp, t_sb, t_ss, sec1, sec2,

@@ -14,6 +14,7 @@ Two Triton-interpreter quirks every kernel must respect (the CPU backend runs th
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
 
@@ -80,6 +81,106 @@ def serialized(launcher):
             return launcher(*args, **kwargs)
 
     return locked
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launching a kernel on CUDA without JITFunction.run on every call.
+#
+# ``kernel[grid](*args, **constexprs)`` costs ~100 µs of host time per launch on a slow training-node CPU (see
+# BENCHMARKS.md, "Host cost per call"): Triton binds the arguments, specialises each one, builds a cache key and
+# launch metadata, then makes the ~16 µs driver launch. npu_liger's ops call the same few kernels with
+# arguments of the same kinds over and over, so ``LaunchedKernel`` remembers the compiled kernel per cheap key
+# (device; each tensor's dtype and 16-byte alignment; each int's "== 1", "% 16 == 0" and 32-bit range: every
+# property Triton specialises on, a superset of them where an argument is not specialised; the constexprs and
+# launch options) and calls the compiled kernel's launcher directly. The first launch of each key, launches
+# under a Triton launch hook (profilers), callable grids, and every non-CUDA backend (the interpreter,
+# triton-ascend) take Triton's own path. NPU_LIGER_DIRECT_LAUNCH=0 turns the shortcut off.
+
+
+def _direct_launch_supported() -> bool:
+    """CUDA's Triton, not the interpreter, with the launcher API this shortcut calls (Triton 3.x)."""
+    if interpreter_enabled() or os.environ.get("NPU_LIGER_DIRECT_LAUNCH", "1") == "0":
+        return False
+    try:
+        from triton.runtime.driver import driver
+
+        return torch.cuda.is_available() and driver.active.get_current_target().backend == "cuda"
+    except Exception:  # no usable driver: Triton's own path reports whatever is wrong
+        return False
+
+
+def _launch_hooks_set() -> bool:
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None:
+        return True  # an older Triton keeps its hooks elsewhere: always take its own path
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+def _current_raw_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)  # what Triton's CUDA driver itself calls
+
+
+def _arg_key(arg):
+    """What Triton's specialisation can depend on, for one argument."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if type(arg) is int:
+        return arg == 1, arg % 16 == 0, -0x80000000 <= arg <= 0x7FFFFFFF
+    if type(arg) is float:
+        return float
+    return type(arg), arg  # None, bools, constexpr values
+
+
+class LaunchedKernel:
+    """A ``@triton.jit`` kernel that the host launches (``kernel[grid](...)`` as usual); see the comment above.
+    Attribute access goes to the JITFunction, so tools that inspect kernels see Triton's object."""
+
+    _direct = None  # decided at the first launch of any kernel: _direct_launch_supported()
+
+    def __init__(self, jit_function):
+        self.jit_function = jit_function
+        parameters = list(inspect.signature(jit_function.fn).parameters.values())
+        self._names = [p.name for p in parameters]
+        self._defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        self._compiled = {}  # key -> (compiled kernel, names of the parameters after the positional arguments)
+
+    def __getattr__(self, name):
+        return getattr(self.jit_function, name)
+
+    def __getitem__(self, grid):
+        if LaunchedKernel._direct is None:
+            LaunchedKernel._direct = _direct_launch_supported()
+        if not LaunchedKernel._direct or callable(grid) or _launch_hooks_set():
+            return self.jit_function[grid]
+        return functools.partial(self._launch, grid)
+
+    def _launch(self, grid, *args, **kwargs):
+        device = torch.cuda.current_device()
+        key = (device, tuple(map(_arg_key, args)), tuple(kwargs.items()))
+        entry = self._compiled.get(key)
+        if entry is None:  # first launch of this key: Triton compiles (or finds) and launches it
+            compiled = self.jit_function[grid](*args, **kwargs)
+            compiled = compiled.result() if hasattr(compiled, "result") else compiled
+            self._compiled[key] = (compiled, self._names[len(args):])
+            return compiled
+        compiled, rest = entry
+        values = (*args, *[kwargs[n] if n in kwargs else self._defaults[n] for n in rest])
+        grid_1 = grid[1] if len(grid) > 1 else 1
+        grid_2 = grid[2] if len(grid) > 2 else 1
+        compiled.run(grid[0], grid_1, grid_2, _current_raw_stream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *values)  # None: no launch metadata, no hooks
+        return compiled
+
+
+def launched_kernel(fn=None, **jit_options):
+    """``@triton.jit`` (same options) for a kernel launched from the host, as a ``LaunchedKernel`` on CUDA.
+    ``@triton.jit`` helpers called from kernels stay plain. Under the interpreter this is ``triton.jit``."""
+
+    def wrap(f):
+        jitted = triton.jit(f, **jit_options)
+        return jitted if interpreter_enabled() else LaunchedKernel(jitted)
+
+    return wrap(fn) if fn is not None else wrap
 
 
 def require_launchable(device: torch.device) -> None:

@@ -34,7 +34,8 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, program_start, require_launchable
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, program_start,
+                     require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean")
 TARGET_DTYPES = (torch.int32, torch.int64)
@@ -74,7 +75,7 @@ def _softcapped(x, softcap, HAS_SOFTCAP: tl.constexpr):
     return x
 
 
-@triton.jit(do_not_specialize=["n_rows", "ignore_index"])
+@launched_kernel(do_not_specialize=["n_rows", "ignore_index"])
 def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, loss_ptr, grad_ptr, scale_ptr, n_rows, n_cols,
                               logits_stride_row, logits_stride_col, target_stride, grad_stride_row, scale_stride,
                               ignore_index, label_smoothing, softcap, lse_square_scale,
@@ -157,7 +158,7 @@ def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, loss_ptr, grad_ptr, scale_
             tl.store(grad_row + safe_target, (dz_target * scale).to(grad_ptr.dtype.element_ty), mask=valid & in_range)
 
 
-@triton.jit(do_not_specialize=["n_rows", "n_elements"])
+@launched_kernel(do_not_specialize=["n_rows", "n_elements"])
 def _scale_rows_kernel(grad_ptr, scale_ptr, n_rows, n_cols, n_elements, grad_stride_row, scale_stride,
                        BLOCK: tl.constexpr):
     """grad[row] *= scale[row] in place; a row whose scale is exactly 1 (``loss.backward()``) is not touched, so

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ._gated import gated_backward, gated_forward
-from ._triton import grid_stride, program_start
+from ._triton import grid_stride, launched_kernel, program_start
 
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 GELU_CUBIC_COEFF = tl.constexpr(0.044715)
@@ -43,7 +43,7 @@ def _gelu_gate(a):
     return tl.sigmoid((a + a * a * a * GELU_CUBIC_COEFF) * SQRT_2_OVER_PI * 2.0)
 
 
-@triton.jit
+@launched_kernel
 def _geglu_fwd_kernel(a_ptr, b_ptr, c_ptr, n_elements, BLOCK: tl.constexpr):
     for start in tl.range(program_start(BLOCK), n_elements, grid_stride(BLOCK)):
         offsets = start + tl.arange(0, BLOCK)
@@ -53,7 +53,7 @@ def _geglu_fwd_kernel(a_ptr, b_ptr, c_ptr, n_elements, BLOCK: tl.constexpr):
         tl.store(c_ptr + offsets, (a * _gelu_gate(a) * b).to(c_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@launched_kernel
 def _geglu_bwd_kernel(grad_c_ptr, a_ptr, b_ptr, grad_a_ptr, grad_b_ptr, n_elements, BLOCK: tl.constexpr):
     for start in tl.range(program_start(BLOCK), n_elements, grid_stride(BLOCK)):
         offsets = start + tl.arange(0, BLOCK)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._norm import as_rows, check_eps, check_grad, check_norm_input, check_norm_param, plan_rows
-from ._triton import grid_stride, program_start, require_launchable
+from ._triton import grid_stride, launched_kernel, program_start, require_launchable
 
 FORWARD_MEMORY_MULTIPLIER = 5.0
 BACKWARD_MEMORY_MULTIPLIER = 8.0
@@ -65,7 +65,7 @@ def _row_rstd(x_ptr, mean, rows, row_ok, col_ids, x_stride, n_cols, eps, BLOCK_R
     return 1.0 / tl.sqrt(tl.sum(acc, axis=1)[:, None] / n_cols + eps)
 
 
-@triton.jit(do_not_specialize=["n_rows"])
+@launched_kernel(do_not_specialize=["n_rows"])
 def _layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, x_stride, eps, HAS_WEIGHT: tl.constexpr,
                            HAS_BIAS: tl.constexpr, WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr,
                            BLOCK_N: tl.constexpr):
@@ -100,7 +100,7 @@ def _layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, x_stride,
                 tl.store(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["n_rows"])
+@launched_kernel(do_not_specialize=["n_rows"])
 def _layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows, n_cols, dy_stride, x_stride, eps,
                            HAS_WEIGHT: tl.constexpr, WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr,
                            BLOCK_N: tl.constexpr):

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._norm import as_rows, check_eps, check_grad, check_norm_input, check_norm_param, plan_rows
-from ._triton import check_same_layout, grid_stride, program_start, require_launchable
+from ._triton import check_same_layout, grid_stride, launched_kernel, program_start, require_launchable
 
 CASTING_MODES = {"llama": 0, "gemma": 1, "none": 2}
 LLAMA: tl.constexpr = tl.constexpr(0)
@@ -87,7 +87,7 @@ def _load_input(x_ptr, r_ptr, s_ptr, rows, cols, mask, x_stride, r_stride, n_col
     return x
 
 
-@triton.jit(do_not_specialize=["n_rows"])
+@launched_kernel(do_not_specialize=["n_rows"])
 def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_stride, r_stride, eps, offset,
                          CASTING: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WHOLE_ROW: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -126,7 +126,7 @@ def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_st
                 tl.store(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["n_rows"])
+@launched_kernel(do_not_specialize=["n_rows"])
 def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, n_cols, dy_stride, x_stride,
                          ds_stride, eps, offset, CASTING: tl.constexpr, HAS_GRAD_SUM: tl.constexpr,
                          WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):

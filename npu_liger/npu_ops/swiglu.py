@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ._gated import gated_backward, gated_forward
-from ._triton import grid_stride, program_start
+from ._triton import grid_stride, launched_kernel, program_start
 
 # Memory analysis (all arithmetic in fp32, so tiles are sized in fp32 elements: dtype_size = 4).
 # Forward, per element of the block: a, b (upcast), the sigmoid, and c before the cast:
@@ -30,7 +30,7 @@ FORWARD_MEMORY_MULTIPLIER = 4.0
 BACKWARD_MEMORY_MULTIPLIER = 7.0
 
 
-@triton.jit
+@launched_kernel
 def _swiglu_fwd_kernel(a_ptr, b_ptr, c_ptr, n_elements, BLOCK: tl.constexpr):
     for start in tl.range(program_start(BLOCK), n_elements, grid_stride(BLOCK)):
         offsets = start + tl.arange(0, BLOCK)
@@ -40,7 +40,7 @@ def _swiglu_fwd_kernel(a_ptr, b_ptr, c_ptr, n_elements, BLOCK: tl.constexpr):
         tl.store(c_ptr + offsets, (a * tl.sigmoid(a) * b).to(c_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@launched_kernel
 def _swiglu_bwd_kernel(grad_c_ptr, a_ptr, b_ptr, grad_a_ptr, grad_b_ptr, n_elements, BLOCK: tl.constexpr):
     for start in tl.range(program_start(BLOCK), n_elements, grid_stride(BLOCK)):
         offsets = start + tl.arange(0, BLOCK)

@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, program_start, require_launchable
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, program_start,
+                     require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 LABEL_DTYPES = (torch.int32, torch.int64)
@@ -66,7 +67,7 @@ FORWARD_CODES_MEMORY_MULTIPLIER = 6.0
 BACKWARD_MEMORY_MULTIPLIER = 6.0
 
 
-@triton.jit
+@launched_kernel
 def _tvd_fwd_kernel(p_ptr, q_ptr, labels_ptr, out_ptr, row_sums_ptr, codes_ptr, n_rows, n_cols,
                     p_stride_row, p_stride_col, q_stride_row, q_stride_col, labels_stride, out_stride_row,
                     codes_stride_row, ignore_index, HAS_LABELS: tl.constexpr, ELEMENTWISE: tl.constexpr,
@@ -107,7 +108,7 @@ def _tvd_fwd_kernel(p_ptr, q_ptr, labels_ptr, out_ptr, row_sums_ptr, codes_ptr, 
             tl.store(row_sums_ptr + row64, tl.sum(tl.sum(acc, axis=0), axis=0))
 
 
-@triton.jit
+@launched_kernel
 def _tvd_bwd_kernel(grad_ptr, p_ptr, q_ptr, labels_ptr, grad_p_ptr, grad_q_ptr, n_rows, n_cols,
                     grad_stride_row, grad_stride_col, p_stride_row, p_stride_col, q_stride_row, q_stride_col,
                     labels_stride, ignore_index, HAS_LABELS: tl.constexpr, ELEMENTWISE_GRAD: tl.constexpr,
@@ -144,7 +145,7 @@ def _tvd_bwd_kernel(grad_ptr, p_ptr, q_ptr, labels_ptr, grad_p_ptr, grad_q_ptr, 
             tl.store(grad_q_ptr + offsets, (-grad_p).to(grad_q_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@launched_kernel
 def _tvd_bwd_codes_kernel(grad_ptr, codes_ptr, grad_p_ptr, grad_q_ptr, n_tasks, tiles_per_row, n_cols,
                           grad_stride_row, grad_stride_col, codes_stride_row, HAS_IGNORED: tl.constexpr,
                           ELEMENTWISE_GRAD: tl.constexpr, QUARTER: tl.constexpr, BYTES: tl.constexpr):

@@ -8,7 +8,7 @@ from typing import Callable, Tuple
 import torch
 
 from ..npu_ops._gated import check_gated_inputs
-from ._op import define_autograd, define_op, forbid_double_backward
+from ._op import call_op, define_autograd, define_op, forbid_double_backward
 
 
 def _forward_fake(a, b):
@@ -35,7 +35,7 @@ def define_gated_op(name: str, forward: Callable, backward: Callable) -> Tuple[o
 
     def _backward(ctx, grad_c):
         a, b = ctx.saved_tensors
-        return backward_op(grad_c, a, b)
+        return call_op(backward_op, grad_c, a, b)
 
     entry = define_autograd(op, backward=_backward, setup_context=_setup_context, kernel=forward)
     forbid_double_backward(backward_op, name)

@@ -17,6 +17,7 @@ from ..npu_ops._triton import serialized
 NAMESPACE = "npu_liger"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 DEVICE_DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
+_KERNELS = {}  # op overload -> its device kernel (serialised), for ``call_op``
 
 
 def define_op(schema: str, *, kernel: Callable, fake: Callable) -> "torch._ops.OpOverload":
@@ -30,7 +31,18 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable) -> "torch._ops.O
     for key in DEVICE_DISPATCH_KEYS:
         LIBRARY.impl(name, kernel, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
+    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    _KERNELS[overload] = kernel
+    return overload
+
+
+def call_op(op: "torch._ops.OpOverload", *args):
+    """``op(*args)`` from an autograd formula (typically a backward op): in plain eager code that records no
+    graph (``eager_kernels_allowed``) the op's kernel runs directly, without the dispatcher's round trip; in
+    every other case (tracing, modes, create_graph=True, which reaches the double-backward error) the op."""
+    if eager_kernels_allowed(*[a for a in args if isinstance(a, Tensor)]):
+        return _KERNELS[op](*args)
+    return op(*args)
 
 
 def define_composite(schema: str, fn: Callable) -> "torch._ops.OpOverload":
@@ -148,5 +160,5 @@ def forbid_double_backward(op: "torch._ops.OpOverload", forward_name: str) -> No
     define_autograd(op, backward=_backward, setup_context=_setup_context)
 
 
-__all__ = ["LIBRARY", "NAMESPACE", "define_autograd", "define_composite", "define_op", "eager_call_allowed",
+__all__ = ["LIBRARY", "NAMESPACE", "call_op", "define_autograd", "define_composite", "define_op", "eager_call_allowed",
            "eager_kernels_allowed", "forbid_double_backward"]

@@ -16,7 +16,7 @@ import torch
 
 from ..npu_ops.embedding import (check_embedding_backward_inputs, check_embedding_inputs, embedding_backward,
                                  embedding_forward)
-from ._op import define_autograd, define_op, forbid_double_backward
+from ._op import call_op, define_autograd, define_op, forbid_double_backward
 
 __all__ = ["embedding"]  # schema_padding_idx is shared with nn.Embedding and the HF patch, not public API
 
@@ -55,7 +55,7 @@ def _backward(ctx, grad_out):
     if not ctx.needs_input_grad[0]:
         return None, None, None
     (indices,) = ctx.saved_tensors
-    return embedding_backward_op(grad_out, indices, ctx.num_embeddings, ctx.padding_idx), None, None
+    return call_op(embedding_backward_op, grad_out, indices, ctx.num_embeddings, ctx.padding_idx), None, None
 
 
 _embedding_entry = define_autograd(embedding_op, backward=_backward, setup_context=_setup_context,

@@ -8,7 +8,7 @@ import torch
 
 from ..npu_ops._norm import check_grad
 from ..npu_ops.layer_norm import check_layer_norm_inputs, layer_norm_backward, layer_norm_forward
-from ._op import define_autograd, define_op, eager_kernels_allowed, forbid_double_backward
+from ._op import call_op, define_autograd, define_op, forbid_double_backward
 
 
 __all__ = ["layer_norm"]
@@ -44,11 +44,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out):
     x, weight, bias = ctx.saved_tensors
-    present = [t for t in (grad_out, x, weight, bias) if t is not None]
-    if eager_kernels_allowed(*present):  # plain eager backward: skip the dispatcher
-        grad_x, grad_w, grad_b = layer_norm_backward(grad_out, x, weight, bias, ctx.eps)
-    else:
-        grad_x, grad_w, grad_b = layer_norm_backward_op(grad_out, x, weight, bias, ctx.eps)
+    grad_x, grad_w, grad_b = call_op(layer_norm_backward_op, grad_out, x, weight, bias, ctx.eps)
     return grad_x, grad_w if weight is not None else None, grad_b if bias is not None else None, None
 
 

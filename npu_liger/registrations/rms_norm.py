@@ -10,14 +10,10 @@ import torch
 from ..npu_ops.rms_norm import (check_fused_add_rms_norm_backward_inputs, check_rms_norm_grad,
                                 check_rms_norm_inputs, fused_add_rms_norm_backward, fused_add_rms_norm_forward,
                                 rms_norm_backward, rms_norm_forward, rms_norm_output_dtype)
-from ._op import define_autograd, define_op, eager_kernels_allowed, forbid_double_backward
+from ._op import call_op, define_autograd, define_op, forbid_double_backward
 
 
 __all__ = ["rms_norm", "fused_add_rms_norm"]
-
-
-def _present(*tensors):
-    return [t for t in tensors if t is not None]  # the optional grad_sum may be None
 
 
 def _new_like(x, dtype=None):
@@ -69,10 +65,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out):
     x, weight = ctx.saved_tensors
-    if eager_kernels_allowed(grad_out, x, weight):  # plain eager backward: skip the dispatcher
-        grad_x, grad_w = rms_norm_backward(grad_out, x, weight, *ctx.args)
-    else:
-        grad_x, grad_w = rms_norm_backward_op(grad_out, x, weight, *ctx.args)
+    grad_x, grad_w = call_op(rms_norm_backward_op, grad_out, x, weight, *ctx.args)
     return grad_x, grad_w, None, None, None
 
 
@@ -84,10 +77,7 @@ def _fused_setup_context(ctx, inputs, output):
 
 def _fused_backward(ctx, grad_normed, grad_sum):
     s, weight = ctx.saved_tensors
-    if eager_kernels_allowed(*_present(grad_normed, grad_sum, s, weight)):
-        grad_s, grad_w = fused_add_rms_norm_backward(grad_normed, grad_sum, s, weight, *ctx.args)
-    else:
-        grad_s, grad_w = fused_add_rms_norm_backward_op(grad_normed, grad_sum, s, weight, *ctx.args)
+    grad_s, grad_w = call_op(fused_add_rms_norm_backward_op, grad_normed, grad_sum, s, weight, *ctx.args)
     return grad_s, grad_s, grad_w, None, None, None  # s = x + residual: both get grad_s
 
 

@@ -18,7 +18,7 @@ import torch
 from ..npu_ops._triton import serialized
 from ..npu_ops.tvd import (check_tvd_grad, check_tvd_inputs, loss_dtype, tvd_backward, tvd_backward_from_codes,
                            tvd_forward)
-from ._op import define_autograd, define_op, eager_call_allowed, forbid_double_backward
+from ._op import call_op, define_autograd, define_op, eager_call_allowed, forbid_double_backward
 
 __all__ = ["tvd"]
 
@@ -64,7 +64,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out):
     p, q, shift_labels = ctx.saved_tensors
-    grad_p, grad_q = tvd_backward_op(grad_out, p, q, shift_labels, ctx.reduction, ctx.ignore_index)
+    grad_p, grad_q = call_op(tvd_backward_op, grad_out, p, q, shift_labels, ctx.reduction, ctx.ignore_index)
     return grad_p, grad_q, None, None, None
 
 
