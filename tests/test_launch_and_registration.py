@@ -227,3 +227,21 @@ def test_direct_launch_reuses_compiled_kernels_and_matches_triton(direct):
     assert result.returncode == 0, result.stderr
     # offsets 1 and 4 elements (4 and 16 bytes): 0 and 4 are aligned, 1 is not -> two keys when direct
     assert result.stdout.strip() == ("2" if direct == "1" else "0"), result.stdout
+
+
+def test_direct_launch_yields_to_launch_hooks():
+    """Profilers install Triton launch hooks: then every launch takes Triton's own path (which calls them)."""
+    import triton
+
+    from npu_liger.npu_ops._triton import _launch_hooks_set
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None or not hasattr(knobs.runtime.launch_enter_hook, "add"):
+        pytest.skip("this Triton has no launch-hook chains")
+    assert not _launch_hooks_set()  # the default: empty chains
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert _launch_hooks_set()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)

@@ -110,10 +110,16 @@ def _direct_launch_supported() -> bool:
 
 
 def _launch_hooks_set() -> bool:
+    """Whether a launch hook is installed (Triton 3.5+ keeps them in HookChains, empty unless a profiler adds
+    one; older versions keep a function or None)."""
     knobs = getattr(triton, "knobs", None)
     if knobs is None:
         return True  # an older Triton keeps its hooks elsewhere: always take its own path
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    return any(_hook_active(h) for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+def _hook_active(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _current_raw_stream(device: int) -> int:
