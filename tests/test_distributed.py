@@ -3,8 +3,9 @@
 Each op runs with DTensor inputs in the layouts its sharding rule lists (no communication inside the op, the
 expected output layout) and in layouts it does not list (DTensor redistributes first), forward and backward,
 against the same op on the full tensors in one process. A small Llama-style model (npu_liger embedding, rope,
-swiglu) trains a few steps under FSDP2 (``fully_shard``), tensor parallel (``parallelize_module``, also under
-``torch.compile``) and DDP, matching the single-process run.
+swiglu) trains a few steps under FSDP2 (``fully_shard``) and DDP with the loss patch on
+(fused_linear_cross_entropy), and under tensor parallel (``parallelize_module``, also under ``torch.compile``),
+matching the single-process run with the unfused loss.
 
 All worker processes are launched once per pytest session (only the selected cases run) and time-bounded:
     pytest tests/test_distributed.py                                   # CPU, gloo, Triton interpreter
@@ -358,6 +359,45 @@ def norm_ops(env):
         torch.testing.assert_close(a.full_tensor(), e)
 
 
+def _flce_chunks_of(rows):
+    """fused_linear_cross_entropy runs chunks of ``rows`` rows, so tiny inputs still turn its chunk loop."""
+    from unittest import mock
+
+    import npu_liger.npu_ops.fused_linear_cross_entropy as flce_kernels
+
+    return mock.patch.object(flce_kernels, "chunk_rows", lambda n_rows, hidden, vocab: rows)
+
+
+@case
+def loss_ops(env):
+    """cross_entropy and fused_linear_cross_entropy with ignored rows on both shards: tokens sharded (S(0)) run
+    without communication for ``none`` (-> S(0)) and ``sum`` (-> P, weight/bias grads P); ``mean`` needs the
+    global count of valid rows and vocab sharding has no rule (vocab-parallel CE is not implemented): DTensor
+    gathers first, and the result is exact."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    rows, vocab, hidden = 8, 64, 16
+    target = torch.randint(vocab, (rows,), generator=torch.Generator().manual_seed(30)).to(env.device)
+    target[[1, 5, 6]] = -100  # ignored rows on both ranks' shards (rows 0-3 and 4-7)
+    logits, x = env.randn(rows, vocab, seed=31), env.randn(rows, hidden, seed=32)
+    weight, bias = env.randn(vocab, hidden, seed=33) / 4, env.randn(vocab, seed=34)  # logits of about unit scale
+    for reduction in ("none", "sum", "mean"):
+        tokens = {"none": (S(0),), "sum": (P,)}.get(reduction)  # the loss of token-sharded inputs; None: gathered
+        ce = lambda logits_, target_: npu_liger.cross_entropy(logits_, target_, reduction=reduction)  # noqa: E731
+        check_sharded(env, ce, (logits, target), [
+            layout(R, R, out=(R,)), layout(S(0), S(0), out=tokens, no_comm=tokens is not None),
+            layout(S(1), R, no_comm=False)], grads=(0,))
+        flce = lambda x_, w, t, b: npu_liger.fused_linear_cross_entropy(x_, w, t, b, reduction=reduction)  # noqa: E731
+        with _flce_chunks_of(2):  # 2 chunks per rank's 4 rows, 4 over the full 8
+            check_sharded(env, flce, (x, weight, target, bias), [
+                layout(R, R, R, R, out=(R,)), layout(S(0), R, S(0), R, out=tokens, no_comm=tokens is not None),
+                layout(R, S(0), R, S(0), no_comm=False)],  # a vocab-parallel lm_head (ColwiseParallel): gathered
+                grads=(0, 1, 3))
+
+
 def _rope_inputs(env, seq=6):
     q, k = env.randn(2, 4, seq, 8, seed=8), env.randn(2, 2, seq, 8, seed=9)  # GQA: 4 query heads, 2 kv heads
     return q, k
@@ -593,14 +633,17 @@ def _model_classes():
             emb = torch.cat([angles, angles], -1)
             self.register_buffer("cos", emb.cos()[None], persistent=False)
             self.register_buffer("sin", emb.sin()[None], persistent=False)
+            self.fused_loss = False  # True: the loss patch (lm_head and cross entropy without the logits)
 
         def forward(self, ids, labels):
             x = self.embed(ids)
             cos, sin = self.cos[:, : ids.shape[1]], self.sin[:, : ids.shape[1]]
             for layer in self.layers:
                 x = layer(x, cos, sin)
-            logits = self.lm_head(self.norm(x))
-            return F.cross_entropy(logits.reshape(-1, VOCAB).float(), labels.reshape(-1))
+            h = self.norm(x).reshape(-1, DIM)
+            if self.fused_loss:
+                return npu_liger.fused_linear_cross_entropy(h, self.lm_head.weight, labels.reshape(-1))
+            return F.cross_entropy(self.lm_head(h).float(), labels.reshape(-1))
 
     return TinyLlama
 
@@ -680,6 +723,21 @@ def _assert_data_parallel_losses(losses, ref_losses, what):
                                    msg=lambda m: f"{what}: loss at step {step}: {m}")
 
 
+def _train_data_parallel(env, model, module):
+    """Each rank trains on its half of the batch with the loss patch on (``module``: the model inside ``model``'s
+    wrapper): fused_linear_cross_entropy of the final norm's output and lm_head's weight, as the parallel wrapper
+    hands them over, in chunks of 4 of the rank's 16 tokens (so its chunk loop turns), against the reference's
+    unfused loss. The first step runs under a dispatch mode, so through the registered op; the others through
+    the eager path."""
+    module.fused_loss = True
+    seen = _NpuLigerOpsSeen()
+    with _flce_chunks_of(4):
+        losses = _train_with(model, model, _data_parallel_batches(env), first_step_mode=seen)
+    assert "fused_linear_cross_entropy_with_grad" in seen.ran, f"the fused loss did not run: {seen.ran}"
+    assert not seen.with_dtensor, f"npu_liger ops that got DTensor arguments: {seen.with_dtensor}"
+    return losses
+
+
 @case
 def fsdp2_training(env):
     from torch.distributed.fsdp import fully_shard
@@ -689,7 +747,7 @@ def fsdp2_training(env):
     for layer in model.layers:
         fully_shard(layer, mesh=env.mesh)
     fully_shard(model, mesh=env.mesh)
-    losses = _train(model, _data_parallel_batches(env))
+    losses = _train_data_parallel(env, model, model)
     _assert_data_parallel_losses(losses, ref_losses, "FSDP2")
     _assert_same_model(model, ref_model, "FSDP2")
 
@@ -700,7 +758,7 @@ def ddp_training(env):
 
     start, ref_model, ref_losses = _reference(env)
     model = DistributedDataParallel(start, device_ids=[env.rank] if env.device.type == "cuda" else None)
-    losses = _train(model, _data_parallel_batches(env))
+    losses = _train_data_parallel(env, model, model.module)
     _assert_data_parallel_losses(losses, ref_losses, "DDP")
     _assert_same_model(model.module, ref_model, "DDP")
 
@@ -755,7 +813,8 @@ def _train_with(model, run, batches, first_step_mode=None):
 
 
 def _NpuLigerOpsSeen():
-    """A dispatch mode recording which npu_liger ops ran with DTensor arguments (i.e. through their rules)."""
+    """A dispatch mode recording which npu_liger ops ran, and which of them with DTensor arguments (i.e. through
+    their rules)."""
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
@@ -763,11 +822,14 @@ def _NpuLigerOpsSeen():
     class OpsSeen(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.with_dtensor = set()
+            self.ran, self.with_dtensor = set(), set()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "npu_liger" and any(isinstance(a, DTensor) for a in tree_leaves((args, kwargs))):
-                self.with_dtensor.add(func._schema.name.split("::")[1])
+            if func.namespace == "npu_liger":
+                name = func._schema.name.split("::")[1]
+                self.ran.add(name)
+                if any(isinstance(a, DTensor) for a in tree_leaves((args, kwargs))):
+                    self.with_dtensor.add(name)
             return func(*args, **(kwargs or {}))
 
     return OpsSeen()
