@@ -163,6 +163,19 @@ def test_chunk_rows_from_memory():
         assert 1 <= rows <= max(n_rows // 4, min(n_rows, flce_kernels.MIN_CHUNK_ROWS))
 
 
+def test_chunk_rows_override(monkeypatch):
+    monkeypatch.setenv("NPU_LIGER_FLCE_CHUNK_ROWS", "256")
+    assert flce_kernels.chunk_rows(8192, 4096, 128256) == 256  # Liger's chunk at this shape
+    assert flce_kernels.chunk_rows(100, 4096, 128256) == 100
+    x, weight, _ = make_inputs(45, 16, 300)
+    monkeypatch.setenv("NPU_LIGER_FLCE_CHUNK_ROWS", "8")
+    check(x, weight, make_target(45, 300), reduction="sum", n_chunks=6)
+    for bad in ("0", "-4", "many"):
+        monkeypatch.setenv("NPU_LIGER_FLCE_CHUNK_ROWS", bad)
+        with pytest.raises(ValueError, match="NPU_LIGER_FLCE_CHUNK_ROWS must be a positive integer"):
+            flce_kernels.chunk_rows(8192, 4096, 128256)
+
+
 def test_gradient_accumulation_with_sum_and_num_items_in_batch():
     """HF Trainer: each micro-batch's loss is sum / num_items_in_batch (valid tokens of the whole batch): the
     accumulated gradients equal the full batch's mean."""

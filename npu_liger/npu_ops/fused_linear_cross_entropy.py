@@ -24,17 +24,21 @@ Chunk size (``chunk_rows``): big enough that the matmuls run at full speed, smal
 small part of the logits. The binding matmul is the weight-gradient update: ``grad_weight += grad_logits.T @
 x_chunk`` reads and writes all of grad_weight (V x H) for only ``rows`` multiply-adds per element, about rows / 2
 flops per byte in bf16, so below ~400 rows it is memory-bound (an H200 needs ~200 flops per byte: 989 TFLOP/s
-over 4.8 TB/s; Ascend 910B's cube unit is similar). Hence EFFICIENT_CHUNK_ROWS = 1024, and never more than a
+over 4.8 TB/s; Ascend 910B's cube unit is similar). Hence CHUNK_ROWS_ENV = "NPU_LIGER_FLCE_CHUNK_ROWS"
+EFFICIENT_CHUNK_ROWS = 1024, and never more than a
 quarter of the rows (so the chunk's logits are at most 1/4 of the fp32 logits, 1/8 in bf16; calls of fewer
 than 4 x MIN_CHUNK_ROWS rows take MIN_CHUNK_ROWS); and when logits of
 x's size (BT x H elements) are more rows than that, those. Measured on an H200 (BT=8192, H=4096, V=128256,
 bf16, forward+backward): 256 rows 58.5 ms, 512 rows 46.4 ms, 1024 rows 41.1 ms (263 MB of bf16 logits, 1/16
 of the fp32 logits), 2048 rows 40.1 ms; torch.compile of the unfused loss 39.2 ms with 2 GB of logits.
-Tests replace ``chunk_rows`` to make every loop turn.
+``NPU_LIGER_FLCE_CHUNK_ROWS=<rows>`` overrides the choice (read per call, at run time, also under torch.compile):
+256 gives Liger-Kernel's chunk at that shape, 1/4 of the memory for ~40% more time. Tests replace ``chunk_rows``
+to make every loop turn.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -42,6 +46,7 @@ import torch
 from ._triton import check_float_tensor
 from .cross_entropy import check_cross_entropy_args, check_targets, grad_scale, launch_rows, reduce_rows
 
+CHUNK_ROWS_ENV = "NPU_LIGER_FLCE_CHUNK_ROWS"
 EFFICIENT_CHUNK_ROWS = 1024  # rows per chunk at which the weight-gradient matmul stops being memory-bound
 MAX_CHUNK_FRACTION = 4  # a chunk holds at most 1/4 of the rows ...
 MIN_CHUNK_ROWS = 64  # ... unless that is fewer than this (tiny calls, e.g. evaluation of a few rows: one chunk)
@@ -49,7 +54,13 @@ MIN_CHUNK_ROWS = 64  # ... unless that is fewer than this (tiny calls, e.g. eval
 
 def chunk_rows(n_rows: int, hidden: int, vocab: int) -> int:
     """Rows per chunk (module docstring): a power of two, the larger of EFFICIENT_CHUNK_ROWS (capped at a quarter
-    of the rows, or MIN_CHUNK_ROWS) and the rows whose logits have x's size; at least 1, at most n_rows."""
+    of the rows, or MIN_CHUNK_ROWS) and the rows whose logits have x's size; at least 1, at most n_rows.
+    ``NPU_LIGER_FLCE_CHUNK_ROWS`` replaces the choice."""
+    override = os.environ.get(CHUNK_ROWS_ENV)
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise ValueError(f"{CHUNK_ROWS_ENV} must be a positive integer (rows per chunk), got {override!r}")
+        return max(1, min(n_rows, int(override)))
     x_sized = n_rows * hidden // max(vocab, 1)
     efficient = min(EFFICIENT_CHUNK_ROWS, max(n_rows // MAX_CHUNK_FRACTION, MIN_CHUNK_ROWS))
     wanted = max(x_sized, efficient, 1)
