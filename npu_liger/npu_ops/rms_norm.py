@@ -89,19 +89,24 @@ def _load_input(x_ptr, r_ptr, s_ptr, rows, cols, mask, x_stride, r_stride, n_col
 
 @launched_kernel(do_not_specialize=["n_rows"])
 def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_stride, r_stride, eps, offset,
-                         CASTING: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WHOLE_ROW: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+                         CASTING: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                         WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     row_ids = tl.arange(0, BLOCK_R)[:, None]
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     if WHOLE_ROW:  # BLOCK_R whole rows per tile: x read once
         col_mask = col_ids < n_cols
-        w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32) + offset
+        w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32)
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
             mask = (rows < n_rows) & col_mask
             x = _load_input(x_ptr, r_ptr, s_ptr, rows, col_ids, mask, x_stride, r_stride, n_cols, HAS_RESIDUAL)
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-            y = _rms_scale(x, rstd[:, None], w, x_ptr, CASTING)
+            # The offset is added per tile, and only when there is one: ``w + offset`` computed before the loop
+            # made the H200 forward at 8192 columns 1.29x slower (167 vs 130 us at 16384x8192).
+            if HAS_OFFSET:
+                y = _rms_scale(x, rstd[:, None], w + offset, x_ptr, CASTING)
+            else:
+                y = _rms_scale(x, rstd[:, None], w, x_ptr, CASTING)
             tl.store(y_ptr + rows * n_cols + col_ids, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:  # one row (BLOCK_R == 1) in BLOCK_N chunks: pass 1 sums squares (and writes s), pass 2 normalises
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
@@ -223,7 +228,7 @@ def _forward(x, residual, weight, eps, offset, casting_mode):
     tiles = plan_rows(x.device.type, n_rows, n_cols, multiplier, persistent=False)
     _rms_norm_fwd_kernel[(tiles.grid,)](
         x2, r2, weight, y, s if s is not None else y, n_rows, n_cols, x2.stride(0), r2.stride(0), float(eps),
-        float(offset), CASTING=CASTING_MODES[casting_mode], HAS_RESIDUAL=residual is not None,
+        float(offset), CASTING=CASTING_MODES[casting_mode], HAS_RESIDUAL=residual is not None, HAS_OFFSET=offset != 0,
         WHOLE_ROW=tiles.whole_row, BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols, **tiles.options
     )
     return y, s
