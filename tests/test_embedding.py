@@ -1,5 +1,12 @@
 """Embedding: exact gather, weight gradients against float64 (duplicates, padding row, both backward paths),
-determinism, index-range errors and in-kernel masking, opcheck, compile, tiling loops, no mutation, bad input."""
+determinism, index-range errors and in-kernel masking, opcheck, compile, tiling loops, no mutation, bad input;
+on CUDA: no host synchronisation, and the device-side assert for bad indices (in a subprocess)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,6 +197,12 @@ def test_long_runs_go_to_the_long_run_kernel(index_dtype, monkeypatch):
     assert len(launches) == 2
 
 
+# On CUDA a bad index trips a device-side assert, which leaves the process's CUDA context unusable: the tests that
+# raise IndexError run elsewhere, and test_bad_index_trips_the_device_assert_on_cuda checks CUDA in subprocesses.
+HOST_CHECK = DEVICE != "cuda"
+
+
+@pytest.mark.skipif(not HOST_CHECK, reason="CUDA reports bad indices by a device-side assert (tested below)")
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("bad", [-1, -7, 10, 12345])
 def test_out_of_range_indices_raise_naming_the_value(bad, index_dtype):
@@ -205,11 +218,11 @@ def test_out_of_range_indices_raise_naming_the_value(bad, index_dtype):
 
 @pytest.mark.parametrize("by_token", [False, True])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-def test_kernels_mask_out_of_range_indices_without_the_host_check(index_dtype, by_token, monkeypatch):
-    """With the host check switched off, bad indices touch nothing outside weight: weight is a view into a
+def test_kernels_mask_out_of_range_indices_without_the_range_check(index_dtype, by_token, monkeypatch):
+    """With the range check switched off, bad indices touch nothing outside weight: weight is a view into a
     buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output. Both backward task
     layouts (per vocabulary row, per token)."""
-    monkeypatch.setattr(embedding_kernels, "check_index_range", lambda low, high, num_embeddings: None)
+    monkeypatch.setattr(embedding_kernels, "check_index_range", lambda indices, num_embeddings: None)
     monkeypatch.setattr(embedding_kernels, "_tasks_by_token", lambda *args: by_token)
     big = 2**31 - 1 if index_dtype == torch.int32 else 2**40
     buffer = torch.full((14, 5), 777.0, device=DEVICE)
@@ -242,8 +255,9 @@ def test_zero_width_and_scalar_indices():
     assert out.shape == (3, 0)
     out.sum().backward()
     assert weight.grad.shape == (7, 0)
-    with pytest.raises(IndexError, match="index 7"):
-        npu_liger.embedding(weight, torch.tensor([7], device=DEVICE))
+    if HOST_CHECK:  # checked even when no kernel runs
+        with pytest.raises(IndexError, match="index 7"):
+            npu_liger.embedding(weight, torch.tensor([7], device=DEVICE))
     weight = randn((7, 3), requires_grad=True)
     out = npu_liger.embedding(weight, torch.tensor(4, device=DEVICE))
     assert out.shape == (3,) and torch.equal(out, weight[4])
@@ -268,8 +282,9 @@ def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
         [(5, 19, 8), (9, 7, 33), (17, 33, 130), (40, 3, 7)],  # (num_embeddings, dim, tokens per row)
     )
     # The range check runs inside the op at run time, so it still fires in the compiled graph.
-    with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(IndexError, match="index 40"):
-        compiled(randn((40, 3), requires_grad=True), torch.tensor([[0, 40], [1, 2]], device=DEVICE))
+    if HOST_CHECK:
+        with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(IndexError, match="index 40"):
+            compiled(randn((40, 3), requires_grad=True), torch.tensor([[0, 40], [1, 2]], device=DEVICE))
 
 
 def test_compile_helper_forward_only():
@@ -286,10 +301,10 @@ def test_tiling_loops_iterate_with_a_small_ub(small_ub):
     per forward tile; with D = 3 the forward's token blocks are 32 wide, and 1500 tokens make 47 of them, so
     the 40 programs of the persistent grid loop (as they do over the backward's row x column-block tasks)."""
     small_ub(4096)
-    forward = embedding_kernels._token_plan("cpu", 30, 300, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
+    forward = embedding_kernels._token_plan("cpu", 32, 300, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
     assert forward.tiles == ((1, 128),) and forward.max_programs == 40
     assert embedding_kernels._backward_plan("cpu", 300).tiles == ((8, 16),)
-    many_tokens = embedding_kernels._token_plan("cpu", 1500, 3, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
+    many_tokens = embedding_kernels._token_plan("cpu", 2048, 3, embedding_kernels.FORWARD_MEMORY_MULTIPLIER)
     assert many_tokens.tiles == ((32, 4),)
     check_forward_backward(randn((20, 300)), make_indices((2, 15), 20), 3)
     check_forward_backward(randn((20, 300), torch.bfloat16, noncontiguous=True), make_indices((30,), 20, distinct=5),
@@ -299,8 +314,8 @@ def test_tiling_loops_iterate_with_a_small_ub(small_ub):
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs")
 def test_cuda_graph_capture_and_replay():
-    """Under capture the host-side index check is skipped (no host copy is possible); forward and backward
-    capture and replay, and give the eager results."""
+    """Forward and backward (their index assert included: it is a kernel launch, no host copy) capture and
+    replay, and give the eager results. A bad index in a replay: test_bad_index_trips_the_device_assert_on_cuda."""
     weight = randn((50, 64), torch.bfloat16)
     indices = make_indices((4, 33), 50, distinct=20)
     grad_out = randn((4, 33, 64), torch.bfloat16)
@@ -319,6 +334,79 @@ def test_cuda_graph_capture_and_replay():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager_out) and torch.equal(grad, eager_grad)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's sync debug mode")
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_no_host_synchronisation_on_cuda(index_dtype):
+    """Forward, and forward + backward through autograd (long runs included), with any synchronising CUDA call
+    made an error: the index check is a device-side assert, and nothing else waits for the GPU."""
+    weight = randn((300, 64), torch.bfloat16, requires_grad=True)
+    indices = make_indices((4, 100), 300, index_dtype, distinct=9)  # runs of ~44 > LONG_RUN tokens
+    indices[0, 0] = 299
+    grad_out = randn((4, 100, 64), torch.bfloat16)
+    npu_liger.embedding(weight, indices, 3).backward(grad_out)  # compiles the kernels outside the checked block
+    weight.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = npu_liger.embedding(weight.detach(), indices, 3)
+        npu_liger.embedding(weight, indices, 3).backward(grad_out)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(out, F.embedding(indices, weight.detach()))
+    w64 = weight.detach().double().requires_grad_(True)
+    F.embedding(indices, w64, 3).backward(grad_out.double())
+    assert rel_error(weight.grad, w64.grad) <= UNIT_ROUNDOFF[torch.bfloat16]
+
+
+_BAD_INDEX_SCRIPT = textwrap.dedent("""
+    import sys, torch, npu_liger
+    case = sys.argv[1]
+    weight = torch.randn(10, 8, device="cuda", requires_grad=True)
+    good = torch.tensor([[0, 9], [3, 4]], device="cuda")
+    bad = torch.tensor([[0, 9], [3, int(sys.argv[2])]], device="cuda")
+    if case == "forward":
+        out = npu_liger.embedding(weight, bad)
+    elif case == "backward":
+        out = torch.ops.npu_liger.embedding_backward(torch.randn(2, 2, 8, device="cuda"), bad, 10, -1)
+    else:  # a CUDA graph captured with good indices, replayed after a bad one is copied in
+        static = good.clone()
+        npu_liger.embedding(weight.detach(), static)  # compiles the kernel outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = npu_liger.embedding(weight.detach(), static)
+        graph.replay()
+        torch.cuda.synchronize()
+        print("good replay ok", flush=True)
+        static.copy_(bad)
+        graph.replay()
+    print("queued without error", flush=True)  # the assert is asynchronous: nothing has failed yet
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as error:  # torch.AcceleratorError in recent versions: a RuntimeError
+        print(f"raised {type(error).__name__}: {error}", flush=True)
+        sys.exit(3)
+    print("UNREACHED", flush=True)
+""")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA device-side assert")
+@pytest.mark.parametrize("case, bad", [("forward", 10), ("forward", -1), ("backward", 12345), ("graph", 10)])
+def test_bad_index_trips_the_device_assert_on_cuda(case, bad):
+    """A device-side assert leaves the process's CUDA context unusable, so each case runs in its own Python: the
+    op returns without synchronising, and the next synchronisation raises RuntimeError for the device-side
+    assert, whose kernel printed the message naming indices and the range."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _BAD_INDEX_SCRIPT, case, str(bad)], cwd=Path(__file__).parents[1],
+                          env=env, capture_output=True, text=True, timeout=300)  # cwd: this checkout's npu_liger
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 3 and "queued without error" in proc.stdout, output
+    assert "device-side assert triggered" in proc.stdout, output
+    assert "embedding: indices must be in [0, 10)" in output, output  # printed by the assert kernel (torch >= 2.5)
+    if case == "graph":
+        assert "good replay ok" in proc.stdout, output
 
 
 def test_module_matches_torch_embedding():

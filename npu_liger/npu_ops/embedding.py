@@ -22,31 +22,37 @@ at the start of each run owns its row, grad_weight is zero-filled by torch first
 tokens, not V (``_tasks_by_token``; same sums, bitwise). The fp32 sums keep many small updates to one
 bf16/fp16 row (bf16 arithmetic would stall at 256 when adding 1.0 a thousand times).
 
-Out-of-range indices (outside [0, V)): a Triton kernel cannot raise, so the launchers check the index range on
-the host (``IndexCheck``), which costs one device-to-host copy of the indices' (min, max) per call and raises
-``IndexError`` naming the bad value. On CUDA the min/max reduction and the copy (into pinned memory) are
-submitted to a high-priority side stream before the op's kernels and run alongside them; the host waits for
-that copy only, after launching the kernels, so the GPU never idles for the check and the host does not wait
-for the kernels (with a bad index the kernels' result is discarded). Under ``torch.compile`` the op is opaque
-and its launcher runs at run time, so the check still happens there (it is never traced). While a CUDA graph
-is being captured (``torch.compile(mode="reduce-overhead")``, ``torch.cuda.graph``) the check is skipped: a
-capture cannot copy to the host, and a replay runs no Python. Independently of that check every kernel masks
-indices outside [0, V), so memory safety never depends on it: nothing outside ``weight``/``grad_weight`` is
-ever read or written (forward writes zeros for such tokens, backward skips them).
+Out-of-range indices (outside [0, V)) are an error. The launchers check the indices' (min, max) after queueing
+their kernels (``check_index_range``), in the way ``F.embedding`` reports them on each device:
+- CUDA: ``torch._assert_async`` over the device-side "min >= 0 and max < V" flag, queued on the current stream
+  (a few tiny kernels, no host synchronisation, no side stream, no host memory). A bad index fails later, at
+  the next synchronisation, with a RuntimeError "CUDA error: device-side assert triggered" (the failing kernel
+  prints the message naming ``indices`` and the range), and, as after torch's own device asserts, the
+  process's CUDA context is unusable afterwards. The assert is an ordinary kernel launch on the current stream,
+  so a CUDA graph capture (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) records it and
+  every replay checks its indices. On ROCm builds, whose kernel asserts are compiled out by default, the
+  check does nothing (the kernels still mask).
+- CPU: ``IndexError`` naming the bad value (the host reads the pair; free there).
+- NPU: the same host check, one synchronisation per call, after the kernels are queued. torch_npu registers no
+  ``_assert_async`` kernel: the op would fall back to the CPU, which copies the flag to the host anyway (and
+  torch_npu lists its own test of it as disabled), so the host check costs the same and names the value.
+Under ``torch.compile`` the op is opaque and its launcher runs at run time, so the check happens there too.
+Independently of that check every kernel masks indices outside [0, V), so memory safety never depends on it:
+nothing outside ``weight``/``grad_weight`` is ever read or written (forward writes zeros for such tokens,
+backward skips them).
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Dict
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, flat, grid_stride, interpreter_enabled, program_start,
-                      require_launchable)
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, flat, grid_stride, interpreter_enabled, launched_kernel,
+                      program_start, require_launchable)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -81,7 +87,7 @@ LONG_RUN = 32
 LONG_RUN_BLOCK = 16
 
 
-@triton.jit
+@launched_kernel
 def _embedding_fwd_kernel(weight_ptr, indices_ptr, out_ptr, n_tokens, num_embeddings, dim, stride_wv, stride_wd,
                           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     for start in tl.range(program_start(BLOCK_N), n_tokens, grid_stride(BLOCK_N)):
@@ -98,7 +104,7 @@ def _embedding_fwd_kernel(weight_ptr, indices_ptr, out_ptr, n_tokens, num_embedd
             tl.store(dst + cols[None, :], values, mask=token_mask[:, None] & col_mask[None, :])
 
 
-@triton.jit
+@launched_kernel
 def _embedding_bwd_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, row_bounds_ptr, grad_weight_ptr, n_tasks,
                           n_col_blocks, num_embeddings, dim, padding_idx, long_run, stride_gn, stride_gd,
                           BY_TOKEN: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -141,7 +147,7 @@ def _embedding_bwd_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, row_bounds_p
             tl.store(grad_weight_ptr + row * dim + cols, acc.to(grad_weight_ptr.dtype.element_ty), mask=col_mask)
 
 
-@triton.jit
+@launched_kernel
 def _embedding_bwd_long_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, row_bounds_ptr, grad_weight_ptr, n_tasks,
                                n_col_blocks, num_embeddings, dim, padding_idx, long_run, stride_gn, stride_gd,
                                BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -211,92 +217,47 @@ def check_embedding_backward_inputs(grad_out: torch.Tensor, indices: torch.Tenso
     _check_padding_idx(padding_idx, num_embeddings)
 
 
-def _capturing(device: torch.device) -> bool:
-    """Whether the current CUDA stream is capturing a graph: no host copy or sync is allowed then."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-_SIDE_STREAMS: Dict[int, "torch.cuda.Stream"] = {}
-_PER_THREAD = threading.local()  # pinned (min, max) buffers and events, reused call after call
-
-
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    stream = _SIDE_STREAMS.get(device.index)
-    if stream is None:  # high priority: its few blocks are dispatched ahead of a big kernel's pending ones
-        stream = _SIDE_STREAMS.setdefault(device.index, torch.cuda.Stream(device, priority=-1))
-    return stream
-
-
-def _thread_cache(device: torch.device, dtype: torch.dtype):
-    """(pinned 2-element host buffer, "indices ready" event, "copied" event) of this thread for this device and
-    index dtype. Reusing them is safe: every call waits for its copy before it returns."""
-    cache = getattr(_PER_THREAD, "cache", None)
-    if cache is None:
-        cache = _PER_THREAD.cache = {}
-    key = (device.index, dtype)
-    entry = cache.get(key)
-    if entry is None:
-        entry = cache[key] = (torch.empty(2, dtype=dtype, pin_memory=True), torch.cuda.Event(), torch.cuda.Event())
-    return entry
-
-
-class IndexCheck:
-    """The host-side index range check, one device-to-host copy of the indices' (min, max) per call.
-
-    ``IndexCheck(indices)`` marks where the indices are ready on the current stream; ``start()`` submits the
-    check; the caller launches its kernels and calls ``finish(num_embeddings)``, which raises IndexError naming
-    a bad index. On CUDA ``start`` puts the min/max reduction and the copy (into pinned memory) on a
-    high-priority side stream, waiting only for that mark, and the caller calls it before its large kernels,
-    so the check runs alongside them instead of queueing behind their blocks; ``finish`` waits for that copy
-    only: the GPU never idles for the check and the host does not wait for the kernels. Elsewhere ``finish``
-    computes and fetches the pair (one sync). While a CUDA graph is being captured no host copy is possible:
-    the check is skipped (the kernels still mask)."""
-
-    def __init__(self, indices: torch.Tensor):
-        self.indices = indices
-        self.skip = _capturing(indices.device)
-        self.cuda = indices.device.type == "cuda" and not self.skip
-        if self.cuda:
-            self.host, self.ready, self.copied = _thread_cache(indices.device, indices.dtype)
-            self.ready.record()
-
-    def start(self) -> "IndexCheck":
-        if self.cuda:
-            side = _side_stream(self.indices.device)
-            side.wait_event(self.ready)
-            with torch.cuda.stream(side):
-                low_high = torch.empty(2, dtype=self.indices.dtype, device=self.indices.device)
-                torch.aminmax(self.indices, out=(low_high[0], low_high[1]))  # one reduction writes both
-                self.host.copy_(low_high, non_blocking=True)
-                self.copied.record(side)
-        return self
-
-    def finish(self, num_embeddings: int) -> None:
-        if self.skip:
-            return
-        if self.cuda:
-            self.copied.synchronize()  # the copy only: the caller's kernels may still be running
-            low, high = self.host.tolist()
-        else:
-            low, high = torch.stack(torch.aminmax(self.indices)).tolist()
-        check_index_range(low, high, num_embeddings)
-
-
-def check_index_range(low: int, high: int, num_embeddings: int) -> None:
-    """Raise IndexError unless ``0 <= low <= high < num_embeddings`` (the indices' min and max)."""
+def check_index_range(indices: torch.Tensor, num_embeddings: int) -> None:
+    """Every index (a non-empty flat tensor) must lie in [0, num_embeddings): a device-side assert on CUDA, else
+    IndexError naming a bad value (see the module docstring)."""
+    low, high = torch.aminmax(indices)
+    if indices.device.type == "cuda":
+        # max <= V - 1, capped, rather than max < V: with int32 indices and V >= 2**31, V would wrap around.
+        last = min(num_embeddings - 1, torch.iinfo(indices.dtype).max)
+        torch._assert_async((low >= 0) & (high <= last),
+                            f"embedding: indices must be in [0, {num_embeddings}) (num_embeddings={num_embeddings})")
+        return
+    low, high = torch.stack((low, high)).tolist()
     if low < 0 or high >= num_embeddings:
         bad = low if low < 0 else high
         raise IndexError(f"index {bad} is out of range for an embedding with num_embeddings={num_embeddings}: "
                          f"indices must be in [0, {num_embeddings}) (got values from {low} to {high})")
 
 
-def _token_plan(device_type: str, n_tokens: int, dim: int, memory_multiplier: float = FORWARD_MEMORY_MULTIPLIER):
-    """(BLOCK_N, BLOCK_D) plan: D tiled first, then as many tokens as fit beside one column block."""
+def _memoised_on_cuda(plan_fn):
+    """``plan_fn(device_type, ...)``, memoised when device_type is "cuda": CUDA plans depend on nothing but the
+    request, so a call skips building TileRequests and looking them up (a few µs of host time per kernel); so
+    ``record_plans()`` sees a CUDA plan at its first use only. NPU and CPU plans are asked every call: the
+    emulated chip may change, and the Ascend check records them."""
+    memo = functools.lru_cache(maxsize=1024)(plan_fn)
+
+    @functools.wraps(plan_fn)
+    def plan(device_type: str, *args):
+        return (memo if device_type == "cuda" else plan_fn)(device_type, *args)
+
+    return plan
+
+
+@_memoised_on_cuda
+def _token_plan(device_type: str, tokens: int, dim: int, memory_multiplier: float = FORWARD_MEMORY_MULTIPLIER):
+    """(BLOCK_N, BLOCK_D) plan: D tiled first, then as many tokens as fit beside one column block. ``tokens``:
+    the token count rounded up to a power of two (so the CUDA memo holds one plan per power)."""
     block_d = plan_launch(device_type, TileRequest(memory_multiplier, ((dim,),), (0,), COMPUTE_DTYPE_SIZE)).block
-    request = TileRequest(memory_multiplier, ((triton.next_power_of_2(n_tokens), block_d),), (0,), COMPUTE_DTYPE_SIZE)
+    request = TileRequest(memory_multiplier, ((tokens, block_d),), (0,), COMPUTE_DTYPE_SIZE)
     return plan_launch(device_type, request)
 
 
+@_memoised_on_cuda
 def _backward_plan(device_type: str, dim: int, long_runs: bool = False):
     """(RUN_BLOCK, BLOCK_D) plan of the backward kernel, or of the long-run kernel."""
     run_block = LONG_RUN_BLOCK if long_runs else CUDA_RUN_BLOCK if device_type == "cuda" else RUN_BLOCK
@@ -313,16 +274,15 @@ def embedding_forward(weight: torch.Tensor, indices: torch.Tensor, padding_idx: 
     n = flat_indices.numel()
     if n == 0:
         return out
-    check = IndexCheck(flat_indices).start()  # on CUDA: submitted first, runs alongside the gather
     if dim:
         require_launchable(weight.device)
-        plan = _token_plan(weight.device.type, n, dim)
+        plan = _token_plan(weight.device.type, triton.next_power_of_2(n), dim)
         block_n, block_d = plan.tiles[0]
         _embedding_fwd_kernel[(plan.grid(triton.cdiv(n, block_n)),)](
             weight, flat_indices, out, n, num_embeddings, dim, weight.stride(0), weight.stride(1),
             BLOCK_N=block_n, BLOCK_D=block_d, **plan.launch_options()
         )
-    check.finish(num_embeddings)  # after the launch: the host never waits for the gather
+    check_index_range(flat_indices, num_embeddings)  # after the launch: where the host reads, the gather is queued
     return out
 
 
@@ -355,7 +315,6 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
     n = flat_indices.numel()
     if n == 0:
         return torch.zeros((num_embeddings, dim), dtype=grad_out.dtype, device=device)
-    check = IndexCheck(flat_indices)
     grad_2d = grad_out.reshape(n, dim)  # a view when possible (even of an expanded gradient): strides go along
     padding = padding_idx if padding_idx >= 0 else -1
     grad_weight = torch.empty((num_embeddings, dim), dtype=grad_out.dtype, device=device)  # all written below
@@ -363,7 +322,6 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
         require_launchable(device)
         keys = _sort_keys(flat_indices, num_embeddings)
         sorted_rows, order = torch.sort(keys, stable=True)  # stable: a fixed summation order per row
-        check.start()  # after the sort is queued (the GPU starts on it sooner), before the big kernels
         # row_bounds[v] = first sorted position holding a row >= v: row v's run is [row_bounds[v], row_bounds[v+1]).
         rows = torch.arange(num_embeddings + 1, dtype=sorted_rows.dtype, device=device)
         row_bounds = torch.searchsorted(sorted_rows, rows)
@@ -380,7 +338,7 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
             BLOCK_D=block_d, **plan.launch_options()
         )
         if n > LONG_RUN:  # else no run can be long
-            plan = _backward_plan(device.type, dim, long_runs=True)
+            plan = _backward_plan(device.type, dim, True)  # the long-run kernel's
             block_k, block_d = plan.tiles[0]
             n_col_blocks = triton.cdiv(dim, block_d)
             n_tasks = triton.cdiv(n, LONG_RUN + 1) * n_col_blocks
@@ -389,7 +347,5 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
                 padding, LONG_RUN, grad_2d.stride(0), grad_2d.stride(1), BLOCK_K=block_k, BLOCK_D=block_d,
                 **plan.launch_options()
             )
-    else:
-        check.start()
-    check.finish(num_embeddings)
+    check_index_range(flat_indices, num_embeddings)
     return grad_weight

@@ -80,7 +80,8 @@ def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: Optional
     """``F.embedding(indices, weight, padding_idx)`` through ``torch.ops.npu_liger.embedding`` (eager calls skip
     the dispatcher). Note the argument order (weight first, as in the op). ``padding_idx`` as in torch: None
     means no padding row, a negative value counts from the end (-1 is the last row). Indices outside
-    [0, num_embeddings) raise ``IndexError``."""
+    [0, num_embeddings) raise ``IndexError`` (CPU, NPU) or, on CUDA, trip a device-side assert, reported as a
+    ``RuntimeError`` at the next synchronisation (as ``F.embedding`` does there)."""
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     if weight.dim() != 2:
