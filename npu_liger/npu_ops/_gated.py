@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
-import triton
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, check_same_layout, flat, require_launchable
+from ._triton import COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, check_same_layout, flat, require_launchable
 
 
 
@@ -36,7 +35,7 @@ def gated_forward(kernel, a: torch.Tensor, b: torch.Tensor, memory_multiplier: f
         return c
     require_launchable(a.device)
     plan = plan_launch(a.device.type, elementwise_request(n, memory_multiplier))
-    kernel[(plan.grid(triton.cdiv(n, plan.block)),)](
+    kernel[(plan.grid(cdiv(n, plan.block)),)](
         flat(a), flat(b), c.view(-1), n, BLOCK=plan.block, **plan.launch_options()
     )
     return c
@@ -54,7 +53,7 @@ def gated_backward(kernel, grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tenso
         return grad_a, grad_b
     require_launchable(a.device)
     plan = plan_launch(a.device.type, elementwise_request(n, memory_multiplier))
-    kernel[(plan.grid(triton.cdiv(n, plan.block)),)](
+    kernel[(plan.grid(cdiv(n, plan.block)),)](
         flat(grad_c), flat(a), flat(b), grad_a.view(-1), grad_b.view(-1), n, BLOCK=plan.block,
         **plan.launch_options()
     )

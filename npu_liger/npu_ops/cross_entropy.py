@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, program_start,
+from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, grid_stride, launched_kernel, program_start,
                      require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -188,7 +188,7 @@ def scale_in_place(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         plan = plan_launch(grad.device.type, TileRequest(SCALE_MEMORY_MULTIPLIER, ((grad.numel(),),), (0,),
                                                          COMPUTE_DTYPE_SIZE))
         n_cols = plan.block
-        n_rows, row_stride, scale_stride = triton.cdiv(grad.numel(), n_cols), n_cols, 0
+        n_rows, row_stride, scale_stride = cdiv(grad.numel(), n_cols), n_cols, 0
     else:
         if grad.dim() != 2 or scale.shape != (grad.shape[0],):
             raise ValueError(f"scale must be 0-d or have one entry per row of a 2-D gradient, got {tuple(scale.shape)} "

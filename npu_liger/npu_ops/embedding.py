@@ -51,8 +51,8 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, flat, grid_stride, interpreter_enabled, launched_kernel,
-                      program_start, require_launchable)
+from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, flat, grid_stride, interpreter_enabled,
+                     launched_kernel, program_start, require_launchable)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -278,7 +278,7 @@ def embedding_forward(weight: torch.Tensor, indices: torch.Tensor, padding_idx: 
         require_launchable(weight.device)
         plan = _token_plan(weight.device.type, triton.next_power_of_2(n), dim)
         block_n, block_d = plan.tiles[0]
-        _embedding_fwd_kernel[(plan.grid(triton.cdiv(n, block_n)),)](
+        _embedding_fwd_kernel[(plan.grid(cdiv(n, block_n)),)](
             weight, flat_indices, out, n, num_embeddings, dim, weight.stride(0), weight.stride(1),
             BLOCK_N=block_n, BLOCK_D=block_d, **plan.launch_options()
         )
@@ -327,7 +327,7 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
         row_bounds = torch.searchsorted(sorted_rows, rows)
         plan = _backward_plan(device.type, dim)
         block_k, block_d = plan.tiles[0]
-        n_col_blocks = triton.cdiv(dim, block_d)
+        n_col_blocks = cdiv(dim, block_d)
         by_token = _tasks_by_token(device.type, n, num_embeddings)
         if by_token:
             grad_weight.zero_()  # rows no token names are never visited
@@ -340,8 +340,8 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
         if n > LONG_RUN:  # else no run can be long
             plan = _backward_plan(device.type, dim, True)  # the long-run kernel's
             block_k, block_d = plan.tiles[0]
-            n_col_blocks = triton.cdiv(dim, block_d)
-            n_tasks = triton.cdiv(n, LONG_RUN + 1) * n_col_blocks
+            n_col_blocks = cdiv(dim, block_d)
+            n_tasks = cdiv(n, LONG_RUN + 1) * n_col_blocks
             _embedding_bwd_long_kernel[(plan.grid(n_tasks),)](
                 grad_2d, sorted_rows, order, row_bounds, grad_weight, n_tasks, n_col_blocks, num_embeddings, dim,
                 padding, LONG_RUN, grad_2d.stride(0), grad_2d.stride(1), BLOCK_K=block_k, BLOCK_D=block_d,

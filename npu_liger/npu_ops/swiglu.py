@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
-import triton
 import triton.language as tl
 
 from ._gated import gated_backward, gated_forward

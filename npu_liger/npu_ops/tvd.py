@@ -38,11 +38,10 @@ from __future__ import annotations
 from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
-import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
-from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, program_start,
+from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, grid_stride, launched_kernel, program_start,
                      require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
@@ -287,7 +286,7 @@ def tvd_forward(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.T
         quarter = _quarter(plan.block)
         codes = row_sums  # never written: SAVE_CODES is off
         if save_codes:
-            codes = torch.empty((n_rows, triton.cdiv(n_cols, 4 * quarter) * quarter), dtype=torch.uint8,
+            codes = torch.empty((n_rows, cdiv(n_cols, 4 * quarter) * quarter), dtype=torch.uint8,
                                 device=p.device)
         labels, labels_stride = _labels_args(shift_labels, p)
         _tvd_fwd_kernel[(plan.grid(n_rows),)](
