@@ -385,7 +385,43 @@ def test_cuda_plan_keeps_whole_rows_and_caps_the_backward_grid(monkeypatch):
         # the norms' plan: whole rows up to 16384 on CUDA; narrow rows several per program
         wide = plan_rows("cuda", 16384, 8192, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
         assert wide.whole_row and wide.block_rows == 1 and wide.grid == 264 and wide.options == {"num_warps": 16}
+        assert wide.prefetch and not plan_rows("cuda", 16384, 8192, 4.0, False).prefetch
+        # each forward kernel's measured wide-row tiles, weight (and bias) loaded per tile
+        from npu_liger.npu_ops import layer_norm as ln_kernels
+        rms_fwd = plan_rows("cuda", 16384, 8192, rms_kernels.FORWARD_MEMORY_MULTIPLIER, False,
+                            rms_kernels.CUDA_FORWARD_WIDE_ROWS)
+        assert (rms_fwd.block_rows, rms_fwd.options, rms_fwd.params_per_tile) == (1, {"num_warps": 8}, True)
+        ln_fwd = plan_rows("cuda", 8192, 4096, ln_kernels.FORWARD_MEMORY_MULTIPLIER, False,
+                           ln_kernels.CUDA_FORWARD_WIDE_ROWS)
+        assert (ln_fwd.block_rows, ln_fwd.options, ln_fwd.grid) == (2, {"num_warps": 4}, 4096)
+        assert not plan_rows("cpu", 8192, 4096, 4.0, False).params_per_tile  # the NPU plan keeps them once
         head = plan_rows("cuda", 4 * 4096 * 32, 128, rms_kernels.FORWARD_MEMORY_MULTIPLIER, False)
         assert head.whole_row and head.block_rows == 16 and head.grid == 4 * 4096 * 32 // 16
     finally:
         launch._plan_cuda.cache_clear()
+
+
+def test_cuda_kernel_variants_give_the_same_results(monkeypatch, small_ub):
+    """The CUDA plans load weight and bias for every forward tile (``_norm.CUDA_PARAMS_PER_TILE``) and prefetch
+    the next tile in the persistent backward (``_norm.CUDA_PREFETCH``); the emulated NPU does neither. Forcing
+    both here runs those kernel paths under the interpreter, with several tiles per program (small UB)."""
+    from npu_liger.npu_ops import _norm, layer_norm as ln_kernels
+
+    def cuda_like(device_type, n_rows, n_cols, multiplier, persistent, **kwargs):
+        tiles = _norm.plan_rows(device_type, n_rows, n_cols, multiplier, persistent, **kwargs)
+        return tiles._replace(params_per_tile=True, prefetch=tiles.whole_row and persistent)
+
+    monkeypatch.setattr(rms_kernels, "plan_rows", cuda_like)
+    monkeypatch.setattr(ln_kernels, "plan_rows", cuda_like)
+    small_ub(8192)
+    shape = (37, 15, 40)  # 555 rows of 40: several rows per tile, several tiles per program, a partial last tile
+    plan = cuda_like("cpu", 555, 40, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
+    assert plan.prefetch and plan.block_rows > 1 and plan.grid * 4 * plan.block_rows < 555
+    x, r, w, b = randn(shape), randn(shape), randn(shape[-1:]), randn(shape[-1:])
+    for mode, offset in (("llama", 0.0), ("gemma", 1.0)):
+        check_against_reference(lambda x, w: npu_liger.rms_norm(x, w, 1e-6, offset, mode),
+                                lambda x, w: rms_reference(x, w, 1e-6, offset, mode), (x, w), ("x", "weight"))
+    check_against_reference(lambda x, r, w: npu_liger.fused_add_rms_norm(x, r, w), fused_reference, (x, r, w),
+                            ("x", "residual", "weight"))
+    check_against_reference(lambda x, w, b: npu_liger.layer_norm(x, w, b), ln_reference, (x, w, b),
+                            ("x", "weight", "bias"))

@@ -10,4 +10,5 @@ class GEGLUMLP(GatedMLP):
     """The gated MLP of Gemma-style models (HF ``GemmaMLP`` with ``hidden_act="gelu_pytorch_tanh"``):
     ``down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))``."""
 
+    gate_name = "geglu"
     gate = staticmethod(geglu)

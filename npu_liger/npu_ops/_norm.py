@@ -18,6 +18,8 @@ import math
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
 from ..tiling import TileRequest, plan_launch
 from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor
@@ -28,9 +30,29 @@ CUDA_WHOLE_ROW_MAX = 16384
 # CUDA backward grid: enough resident programs to hide latency, few enough that the (programs, n_cols) fp32
 # weight-gradient buffer stays small (264 x 8192 x 4 B = 8.6 MB on an H200).
 CUDA_PROGRAMS_PER_SM = 2
-# CUDA warps for a one-row tile of at least this many columns: 16 (32 values of each live tensor per thread at
-# 16384 instead of 64, which would spill).
-CUDA_WIDE_ROW = 8192
+
+
+class CudaWideRows(NamedTuple):
+    """CUDA tiles for whole rows of at least ``min_cols`` columns: ``rows`` rows per program on ``warps`` warps
+    (each kernel's measured best; narrower rows take the tile budget's rows and the default warps rule)."""
+    min_cols: int
+    rows: int
+    warps: int
+
+
+# The backward kernels' wide rows: one row on 16 warps (32 values of each live tensor per thread at 16384 columns
+# instead of 64, which would spill; fewer warps or two rows per program measured no faster on the H200).
+CUDA_WIDE_ROWS = CudaWideRows(min_cols=8192, rows=1, warps=16)
+# CUDA forward kernels load the weight (and bias) row for every tile rather than once before the row loop: with
+# an fp32 parameter row live across the loop the H200 forward at 8192 columns ran 1.2-1.4x slower depending on
+# warps (rms_norm with Gemma's offset 161 us vs 134 us, layer_norm 185 us vs 135 us at 16384x8192); the
+# per-tile reload hits L1/L2. The NPU keeps the row in the UB once (no measurement says otherwise there).
+CUDA_PARAMS_PER_TILE = True
+# CUDA backward kernels (persistent grid, whole rows) load the next tile's x and dy before computing this one:
+# a program otherwise waits out each tile's load latency with nothing in flight (Triton does not pipeline the
+# row loop: num_stages 1-3 measured identical). H200, bf16, rms_norm backward: 8192x4096 81 -> 59 us, 16384x8192
+# 322 -> 214 us (0.59 -> 0.89 of copy). Not on the NPU: two more tiles in the UB would halve its tile.
+CUDA_PREFETCH = True
 
 
 class RowTiles(NamedTuple):
@@ -39,26 +61,39 @@ class RowTiles(NamedTuple):
     whole_row: bool
     grid: int  # programs to launch
     options: dict  # launch options (num_warps on CUDA)
+    params_per_tile: bool  # forward kernels: load weight/bias for every tile instead of once (CUDA, see above)
+    prefetch: bool  # persistent whole-row kernels: load the next tile while computing this one (CUDA, see above)
 
 
-def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: float, persistent: bool) -> RowTiles:
+def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: float, persistent: bool,
+              cuda_wide_rows: CudaWideRows = CUDA_WIDE_ROWS) -> RowTiles:
     """Tiles and grid for a norm kernel whose memory analysis gives ``memory_multiplier`` live fp32 values per
     tile element. ``persistent``: the kernel keeps a per-program partial (backward), so the CUDA grid is capped
-    too. Two requests: the columns first (does a whole row fit?), then how many whole rows fit one tile."""
+    too. Two requests: the columns first (does a whole row fit?), then how many whole rows fit one tile.
+    ``cuda_wide_rows``: the kernel's CUDA tiles for wide rows."""
     cuda = {"cuda_programs_per_sm": CUDA_PROGRAMS_PER_SM} if persistent else {}
     cols = plan_launch(device_type, TileRequest(memory_multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
                                                 cuda_max_block=CUDA_WHOLE_ROW_MAX, **cuda))
     block_cols = cols.block
     if block_cols < n_cols:
-        return RowTiles(1, block_cols, False, cols.grid(n_rows), cols.launch_options())
+        return RowTiles(1, block_cols, False, cols.grid(n_rows), cols.launch_options(), True, False)
     # Whole rows: as many per tile as the budget allows, but with a persistent grid no more than keeps every
     # program busy (8 rows over 40 vector cores must not become one tile of 8).
     wanted = n_rows if cols.max_programs is None else math.ceil(n_rows / cols.max_programs)
-    warps = 16 if block_cols >= CUDA_WIDE_ROW else None  # None: the default rule by tile size
+    if block_cols >= cuda_wide_rows.min_cols:
+        cuda.update(cuda_num_warps=cuda_wide_rows.warps, cuda_max_block=cuda_wide_rows.rows)
     rows = plan_launch(device_type, TileRequest(memory_multiplier, ((wanted, block_cols),), (0,),
-                                                COMPUTE_DTYPE_SIZE, cuda_num_warps=warps, **cuda))
+                                                COMPUTE_DTYPE_SIZE, **cuda))
     block_rows = rows.block
-    return RowTiles(block_rows, block_cols, True, rows.grid(math.ceil(n_rows / block_rows)), rows.launch_options())
+    on_cuda = rows.backend == "cuda"
+    return RowTiles(block_rows, block_cols, True, rows.grid(math.ceil(n_rows / block_rows)), rows.launch_options(),
+                    CUDA_PARAMS_PER_TILE and on_cuda, CUDA_PREFETCH and on_cuda and persistent)
+
+
+@triton.jit
+def load_tile(ptr, rows, col_ids, n_rows, row_stride, col_mask):
+    """A (BLOCK_R, BLOCK_N) tile of whole rows as stored (rows past ``n_rows`` read as 0)."""
+    return tl.load(ptr + rows * row_stride + col_ids, mask=(rows < n_rows) & col_mask, other=0.0)
 
 
 def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:

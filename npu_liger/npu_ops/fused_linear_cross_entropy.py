@@ -44,7 +44,7 @@ from typing import Optional, Tuple
 import torch
 
 from ._triton import check_float_tensor
-from .cross_entropy import check_cross_entropy_args, check_targets, grad_scale, launch_rows, reduce_rows
+from .cross_entropy import check_cross_entropy_args, launch_rows, reduce_rows, target_scale
 
 CHUNK_ROWS_ENV = "NPU_LIGER_FLCE_CHUNK_ROWS"
 EFFICIENT_CHUNK_ROWS = 1024  # rows per chunk at which the weight-gradient matmul stops being memory-bound
@@ -137,11 +137,10 @@ def fused_linear_cross_entropy_forward(x: torch.Tensor, weight: torch.Tensor, ta
     ``reduction="none"``, whose gradients come from ``fused_linear_cross_entropy_backward``)."""
     check_flce_inputs(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
     n_rows, vocab = x.shape[0], weight.shape[0]
-    check_targets(target, ignore_index, vocab)
     if reduction == "none":
         grad_x = grad_weight = grad_bias = False
     grad_bias = grad_bias and bias is not None
-    scale = grad_scale(target, ignore_index, reduction)
+    scale = target_scale(target, ignore_index, reduction, vocab)
     row_losses = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if grad_x else None
     gw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if grad_weight else None

@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._norm import as_rows, check_eps, check_grad, check_norm_input, check_norm_param, plan_rows
+from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_tile,
+                    plan_rows)
 from ._triton import check_same_layout, grid_stride, launched_kernel, program_start, require_launchable
 
 CASTING_MODES = {"llama": 0, "gemma": 1, "none": 2}
@@ -44,6 +45,9 @@ FORWARD_MEMORY_MULTIPLIER = 4.0
 FUSED_FORWARD_MEMORY_MULTIPLIER = 6.0
 BACKWARD_MEMORY_MULTIPLIER = 7.0
 FUSED_BACKWARD_MEMORY_MULTIPLIER = 8.0
+# CUDA forward at 8192+ columns: one row on 8 warps (H200, bf16, weight per tile, 16384x8192: 132 us plain,
+# 134 us with Gemma's offset, 261 us fused: 0.95-0.98 of copy; 16 warps took 161 us with the offset).
+CUDA_FORWARD_WIDE_ROWS = CudaWideRows(min_cols=8192, rows=1, warps=8)
 
 
 @triton.jit
@@ -90,19 +94,23 @@ def _load_input(x_ptr, r_ptr, s_ptr, rows, cols, mask, x_stride, r_stride, n_col
 @launched_kernel(do_not_specialize=["n_rows"])
 def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_stride, r_stride, eps, offset,
                          CASTING: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_OFFSET: tl.constexpr,
-                         WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+                         WHOLE_ROW: tl.constexpr, PARAMS_PER_TILE: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
     row_ids = tl.arange(0, BLOCK_R)[:, None]
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     if WHOLE_ROW:  # BLOCK_R whole rows per tile: x read once
         col_mask = col_ids < n_cols
-        w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32)
+        if not PARAMS_PER_TILE:
+            w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32)
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
             mask = (rows < n_rows) & col_mask
+            if PARAMS_PER_TILE:  # see _norm.CUDA_PARAMS_PER_TILE
+                w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32)
             x = _load_input(x_ptr, r_ptr, s_ptr, rows, col_ids, mask, x_stride, r_stride, n_cols, HAS_RESIDUAL)
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-            # The offset is added per tile, and only when there is one: ``w + offset`` computed before the loop
-            # made the H200 forward at 8192 columns 1.29x slower (167 vs 130 us at 16384x8192).
+            # The offset is added per tile, and only when there is one (no fp32 ``w + offset`` row live across
+            # the loop: _norm.CUDA_PARAMS_PER_TILE).
             if HAS_OFFSET:
                 y = _rms_scale(x, rstd[:, None], w + offset, x_ptr, CASTING)
             else:
@@ -134,7 +142,8 @@ def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_st
 @launched_kernel(do_not_specialize=["n_rows"])
 def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, n_cols, dy_stride, x_stride,
                          ds_stride, eps, offset, CASTING: tl.constexpr, HAS_GRAD_SUM: tl.constexpr,
-                         WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+                         WHOLE_ROW: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
     """dx (module docstring) and this program's share of dW into row ``program_id`` of dw_ptr (programs, n_cols),
     fp32. ds_ptr: the fused op's gradient of s, added to dx (HAS_GRAD_SUM)."""
     row_ids = tl.arange(0, BLOCK_R)[:, None]
@@ -145,11 +154,20 @@ def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, n
         col_mask = col_ids < n_cols
         w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32) + offset
         dw_acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+        if PREFETCH:  # the first tile's loads (see _norm.CUDA_PREFETCH)
+            x_next = load_tile(x_ptr, program_start(BLOCK_R) + row_ids, col_ids, n_rows, x_stride, col_mask)
+            dy_next = load_tile(dy_ptr, program_start(BLOCK_R) + row_ids, col_ids, n_rows, dy_stride, col_mask)
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
             mask = (rows < n_rows) & col_mask
-            x = tl.load(x_ptr + rows * x_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + rows * dy_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:  # this tile was loaded last iteration; start the next one's loads now
+                x = x_next.to(tl.float32)
+                dy = dy_next.to(tl.float32)
+                x_next = load_tile(x_ptr, rows + grid_stride(BLOCK_R), col_ids, n_rows, x_stride, col_mask)
+                dy_next = load_tile(dy_ptr, rows + grid_stride(BLOCK_R), col_ids, n_rows, dy_stride, col_mask)
+            else:
+                x = load_tile(x_ptr, rows, col_ids, n_rows, x_stride, col_mask).to(tl.float32)
+                dy = load_tile(dy_ptr, rows, col_ids, n_rows, dy_stride, col_mask).to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1)[:, None] / n_cols + eps)
             n = x * rstd
             g = dy * w
@@ -225,11 +243,13 @@ def _forward(x, residual, weight, eps, offset, casting_mode):
     r2 = as_rows(residual, n_cols) if residual is not None else x2
     n_rows = x2.shape[0]
     multiplier = FORWARD_MEMORY_MULTIPLIER if residual is None else FUSED_FORWARD_MEMORY_MULTIPLIER
-    tiles = plan_rows(x.device.type, n_rows, n_cols, multiplier, persistent=False)
+    tiles = plan_rows(x.device.type, n_rows, n_cols, multiplier, persistent=False,
+                      cuda_wide_rows=CUDA_FORWARD_WIDE_ROWS)
     _rms_norm_fwd_kernel[(tiles.grid,)](
         x2, r2, weight, y, s if s is not None else y, n_rows, n_cols, x2.stride(0), r2.stride(0), float(eps),
         float(offset), CASTING=CASTING_MODES[casting_mode], HAS_RESIDUAL=residual is not None, HAS_OFFSET=offset != 0,
-        WHOLE_ROW=tiles.whole_row, BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols, **tiles.options
+        WHOLE_ROW=tiles.whole_row, PARAMS_PER_TILE=tiles.params_per_tile, BLOCK_R=tiles.block_rows,
+        BLOCK_N=tiles.block_cols, **tiles.options
     )
     return y, s
 
@@ -250,7 +270,8 @@ def _backward(dy, x, weight, ds, eps, offset, casting_mode):
     _rms_norm_bwd_kernel[(tiles.grid,)](
         dy2, x2, weight, ds2, dx, dw_partial, n_rows, n_cols, dy2.stride(0), x2.stride(0), ds2.stride(0),
         float(eps), float(offset), CASTING=CASTING_MODES[casting_mode], HAS_GRAD_SUM=ds is not None,
-        WHOLE_ROW=tiles.whole_row, BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols, **tiles.options
+        WHOLE_ROW=tiles.whole_row, PREFETCH=tiles.prefetch, BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols,
+        **tiles.options
     )
     return dx, dw_partial.sum(0).to(weight.dtype)
 

@@ -16,6 +16,7 @@ from torch import nn
 
 import npu_liger  # the functional API: eager fast path, the registered op under compile/dispatch modes
 
+from ..nn._gated_mlp import gated_down_proj  # down_proj(gate(a, b)), the product recomputed in backward
 from . import _patching
 
 # Config activation -> npu_liger op computing ``act(gate) * up`` in one kernel.
@@ -78,11 +79,11 @@ def _forward_is_known(module: nn.Module, patterns, require_all: bool) -> bool:
 
 
 def _geglu_mlp_forward(self, x):
-    return self.down_proj(npu_liger.geglu(self.gate_proj(x), self.up_proj(x)))
+    return gated_down_proj("geglu", self.gate_proj(x), self.up_proj(x), self.down_proj)
 
 
 def _swiglu_mlp_forward(self, x):
-    return self.down_proj(npu_liger.swiglu(self.gate_proj(x), self.up_proj(x)))
+    return gated_down_proj("swiglu", self.gate_proj(x), self.up_proj(x), self.down_proj)
 
 
 def _swiglu_experts_forward(self, hidden_states):
