@@ -373,6 +373,7 @@ def test_cuda_plan_keeps_whole_rows_and_caps_the_backward_grid(monkeypatch):
     from npu_liger.tiling import TileRequest, launch
 
     launch._plan_cuda.cache_clear()
+    plan_rows.cache_clear()
     monkeypatch.setattr(launch, "cuda_sm_count", lambda: 132)
     try:
         plain = launch.plan_launch("cuda", TileRequest(7.0, ((8192,),), (0,), 4))
@@ -399,6 +400,7 @@ def test_cuda_plan_keeps_whole_rows_and_caps_the_backward_grid(monkeypatch):
         assert head.whole_row and head.block_rows == 16 and head.grid == 4 * 4096 * 32 // 16
     finally:
         launch._plan_cuda.cache_clear()
+        plan_rows.cache_clear()
 
 
 def test_cuda_kernel_variants_give_the_same_results(monkeypatch, small_ub):

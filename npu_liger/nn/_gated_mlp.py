@@ -79,8 +79,9 @@ def gated_down_proj(gate_name: str, a: torch.Tensor, b: torch.Tensor, down_proj:
     gate = GATES[gate_name][0]
     if recompute_enabled() and torch.is_grad_enabled() and _plain_linear(down_proj):
         weight, bias = down_proj.weight, down_proj.bias
-        if (a.dtype == b.dtype == weight.dtype and (bias is None or bias.dtype == weight.dtype)
-                and not torch.is_autocast_enabled(a.device.type) and eager_call_allowed(a, b, weight, bias)
+        # eager_call_allowed first: it turns away meta tensors, a device type autocast does not know
+        if (eager_call_allowed(a, b, weight, bias) and a.dtype == b.dtype == weight.dtype
+                and (bias is None or bias.dtype == weight.dtype) and not torch.is_autocast_enabled(a.device.type)
                 and (a.requires_grad or b.requires_grad or weight.requires_grad)):
             return _RecomputedGateLinear.apply(a, b, weight, bias, gate_name)
     return down_proj(gate(a, b))

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tiling import TileRequest, plan_launch
+from ..tiling import TileRequest, memoised_on_cuda, plan_launch
 from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor
 
 # CUDA keeps rows up to this many elements whole in one program (registers, 8-16 warps): one read of x per
@@ -65,12 +65,13 @@ class RowTiles(NamedTuple):
     prefetch: bool  # persistent whole-row kernels: load the next tile while computing this one (CUDA, see above)
 
 
+@memoised_on_cuda
 def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: float, persistent: bool,
-              cuda_wide_rows: CudaWideRows = CUDA_WIDE_ROWS) -> RowTiles:
+              cuda_wide_rows: CudaWideRows = CUDA_WIDE_ROWS, cuda_prefetch: bool = True) -> RowTiles:
     """Tiles and grid for a norm kernel whose memory analysis gives ``memory_multiplier`` live fp32 values per
     tile element. ``persistent``: the kernel keeps a per-program partial (backward), so the CUDA grid is capped
     too. Two requests: the columns first (does a whole row fit?), then how many whole rows fit one tile.
-    ``cuda_wide_rows``: the kernel's CUDA tiles for wide rows."""
+    ``cuda_wide_rows``: the kernel's CUDA tiles for wide rows; ``cuda_prefetch``: whether it may prefetch."""
     cuda = {"cuda_programs_per_sm": CUDA_PROGRAMS_PER_SM} if persistent else {}
     cols = plan_launch(device_type, TileRequest(memory_multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
                                                 cuda_max_block=CUDA_WHOLE_ROW_MAX, **cuda))
@@ -87,7 +88,7 @@ def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: flo
     block_rows = rows.block
     on_cuda = rows.backend == "cuda"
     return RowTiles(block_rows, block_cols, True, rows.grid(math.ceil(n_rows / block_rows)), rows.launch_options(),
-                    CUDA_PARAMS_PER_TILE and on_cuda, CUDA_PREFETCH and on_cuda and persistent)
+                    CUDA_PARAMS_PER_TILE and on_cuda, CUDA_PREFETCH and cuda_prefetch and on_cuda and persistent)
 
 
 @triton.jit

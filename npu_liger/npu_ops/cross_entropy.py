@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tiling import TileRequest, plan_launch
+from ..tiling import TileRequest, memoised_on_cuda, plan_launch
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, grid_stride, launched_kernel, program_start,
                      require_launchable)
 
@@ -287,9 +287,7 @@ def target_scale(target: torch.Tensor, ignore_index: int, reduction: str, n_cols
     scale = torch.empty((), dtype=torch.float32, device=target.device)
     ok = torch.empty((), dtype=torch.int32, device=target.device)
     require_launchable(target.device)
-    # Tiles: see TARGET_STATS_MEMORY_MULTIPLIER above; one program (a fixed-order count, no atomics).
-    plan = plan_launch(target.device.type, TileRequest(TARGET_STATS_MEMORY_MULTIPLIER, ((max(target.numel(), 1),),),
-                                                       (0,), COMPUTE_DTYPE_SIZE))
+    plan = _target_stats_plan(target.device.type, target.numel())  # one program: a fixed-order count, no atomics
     _target_stats_kernel[(1,)](target, scale, ok, target.numel(), n_cols, target.stride(0), ignore_index,
                                MEAN=reduction == "mean", BLOCK=plan.block, **plan.launch_options())
     report_bad_targets(ok, target, ignore_index, n_cols)
@@ -316,6 +314,25 @@ def reduce_rows(row_losses: torch.Tensor, scale: torch.Tensor, reduction: str) -
     return total * scale if reduction == "mean" else total
 
 
+@memoised_on_cuda
+def _rows_plan(device_type: str, n_cols: int, compute_grad: bool):
+    """BLOCK_V plan of the cross-entropy kernel (see the memory multipliers and CUDA tiles above)."""
+    if compute_grad:
+        request = TileRequest(GRAD_MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
+                              cuda_max_block=CUDA_GRAD_BLOCK, cuda_num_warps=CUDA_GRAD_WARPS)
+    else:
+        request = TileRequest(MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE, cuda_max_block=CUDA_BLOCK,
+                              cuda_num_warps=CUDA_WARPS)
+    return plan_launch(device_type, request)
+
+
+@memoised_on_cuda
+def _target_stats_plan(device_type: str, n_targets: int):
+    """BLOCK plan of the target-statistics kernel (see TARGET_STATS_MEMORY_MULTIPLIER above)."""
+    return plan_launch(device_type, TileRequest(TARGET_STATS_MEMORY_MULTIPLIER, ((max(n_targets, 1),),), (0,),
+                                                COMPUTE_DTYPE_SIZE))
+
+
 def launch_rows(logits: torch.Tensor, target: torch.Tensor, row_losses: torch.Tensor, grad: Optional[torch.Tensor],
                 scale: torch.Tensor, ignore_index: int, label_smoothing: float, softcap: Optional[float],
                 lse_square_scale: float) -> None:
@@ -332,13 +349,7 @@ def launch_rows(logits: torch.Tensor, target: torch.Tensor, row_losses: torch.Te
     require_launchable(logits.device)
     compute_grad = grad is not None
     # Tiles and memory multipliers: see MEMORY_MULTIPLIER and GRAD_MEMORY_MULTIPLIER above.
-    if compute_grad:
-        request = TileRequest(GRAD_MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
-                              cuda_max_block=CUDA_GRAD_BLOCK, cuda_num_warps=CUDA_GRAD_WARPS)
-    else:
-        request = TileRequest(MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE, cuda_max_block=CUDA_BLOCK,
-                              cuda_num_warps=CUDA_WARPS)
-    plan = plan_launch(logits.device.type, request)
+    plan = _rows_plan(logits.device.type, n_cols, compute_grad)
     if grad is not None and grad.stride(1) != 1:
         raise RuntimeError("cross entropy: the gradient buffer must have unit column stride")
     grad_arg = grad if compute_grad else row_losses  # never written: COMPUTE_GRAD is off

@@ -44,13 +44,12 @@ backward skips them).
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from ..tiling import TileRequest, plan_launch
+from ..tiling import TileRequest, memoised_on_cuda, plan_launch
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, flat, grid_stride, interpreter_enabled,
                      launched_kernel, program_start, require_launchable)
 
@@ -234,21 +233,7 @@ def check_index_range(indices: torch.Tensor, num_embeddings: int) -> None:
                          f"indices must be in [0, {num_embeddings}) (got values from {low} to {high})")
 
 
-def _memoised_on_cuda(plan_fn):
-    """``plan_fn(device_type, ...)``, memoised when device_type is "cuda": CUDA plans depend on nothing but the
-    request, so a call skips building TileRequests and looking them up (a few µs of host time per kernel); so
-    ``record_plans()`` sees a CUDA plan at its first use only. NPU and CPU plans are asked every call: the
-    emulated chip may change, and the Ascend check records them."""
-    memo = functools.lru_cache(maxsize=1024)(plan_fn)
-
-    @functools.wraps(plan_fn)
-    def plan(device_type: str, *args):
-        return (memo if device_type == "cuda" else plan_fn)(device_type, *args)
-
-    return plan
-
-
-@_memoised_on_cuda
+@memoised_on_cuda
 def _token_plan(device_type: str, tokens: int, dim: int, memory_multiplier: float = FORWARD_MEMORY_MULTIPLIER):
     """(BLOCK_N, BLOCK_D) plan: D tiled first, then as many tokens as fit beside one column block. ``tokens``:
     the token count rounded up to a power of two (so the CUDA memo holds one plan per power)."""
@@ -257,7 +242,7 @@ def _token_plan(device_type: str, tokens: int, dim: int, memory_multiplier: floa
     return plan_launch(device_type, request)
 
 
-@_memoised_on_cuda
+@memoised_on_cuda
 def _backward_plan(device_type: str, dim: int, long_runs: bool = False):
     """(RUN_BLOCK, BLOCK_D) plan of the backward kernel, or of the long-run kernel."""
     run_block = LONG_RUN_BLOCK if long_runs else CUDA_RUN_BLOCK if device_type == "cuda" else RUN_BLOCK
