@@ -387,6 +387,7 @@ def test_cuda_plan_keeps_whole_rows_and_caps_the_backward_grid(monkeypatch):
         wide = plan_rows("cuda", 16384, 8192, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
         assert wide.whole_row and wide.block_rows == 1 and wide.grid == 264 and wide.options == {"num_warps": 16}
         assert wide.prefetch and not plan_rows("cuda", 16384, 8192, 4.0, False).prefetch
+        assert plan_rows("cuda", 32768, 4096, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True).options == {"num_warps": 4}
         # each forward kernel's measured wide-row tiles, weight (and bias) loaded per tile
         from npu_liger.npu_ops import layer_norm as ln_kernels
         rms_fwd = plan_rows("cuda", 16384, 8192, rms_kernels.FORWARD_MEMORY_MULTIPLIER, False,

@@ -15,7 +15,7 @@ vector cores on Ascend, ``CUDA_PROGRAMS_PER_SM`` programs per SM on CUDA.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 import torch
 import triton
@@ -40,9 +40,10 @@ class CudaWideRows(NamedTuple):
     warps: int
 
 
-# The backward kernels' wide rows: one row on 16 warps (32 values of each live tensor per thread at 16384 columns
-# instead of 64, which would spill; fewer warps or two rows per program measured no faster on the H200).
-CUDA_WIDE_ROWS = CudaWideRows(min_cols=8192, rows=1, warps=16)
+# The backward kernels' wide rows (H200, bf16, persistent grid of 2 programs per SM, prefetching): 4 warps from
+# 4096 columns (layer_norm 32768x4096: 204 us against 283 us on 8 warps; rms_norm 200 vs 197), 16 from 8192 (16
+# values of each live tensor per thread, 32 at 16384; on 4 warps 8192-wide rows spill: 3.5-4.7 ms).
+CUDA_BACKWARD_WIDE_ROWS = (CudaWideRows(min_cols=4096, rows=1, warps=4), CudaWideRows(min_cols=8192, rows=1, warps=16))
 # CUDA forward kernels load the weight (and bias) row for every tile rather than once before the row loop: with
 # an fp32 parameter row live across the loop the H200 forward at 8192 columns ran 1.2-1.4x slower depending on
 # warps (rms_norm with Gemma's offset 161 us vs 134 us, layer_norm 185 us vs 135 us at 16384x8192); the
@@ -50,8 +51,9 @@ CUDA_WIDE_ROWS = CudaWideRows(min_cols=8192, rows=1, warps=16)
 CUDA_PARAMS_PER_TILE = True
 # CUDA backward kernels (persistent grid, whole rows) load the next tile's x and dy before computing this one:
 # a program otherwise waits out each tile's load latency with nothing in flight (Triton does not pipeline the
-# row loop: num_stages 1-3 measured identical). H200, bf16, rms_norm backward: 8192x4096 81 -> 59 us, 16384x8192
-# 322 -> 214 us (0.59 -> 0.89 of copy). Not on the NPU: two more tiles in the UB would halve its tile.
+# row loop: num_stages 1-3 measured identical). H200, bf16, backward alone: rms_norm 16384x8192 322 -> 205 us,
+# layer_norm 336 -> 220 us, 32768x4096 277 -> 197 us / 298 -> 204 us (0.6-0.7 -> 0.86-0.97 of copy).
+# Not on the NPU: two more tiles in the UB would halve its tile.
 CUDA_PREFETCH = True
 
 
@@ -67,11 +69,12 @@ class RowTiles(NamedTuple):
 
 @memoised_on_cuda
 def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: float, persistent: bool,
-              cuda_wide_rows: CudaWideRows = CUDA_WIDE_ROWS, cuda_prefetch: bool = True) -> RowTiles:
+              cuda_wide_rows: Tuple[CudaWideRows, ...] = CUDA_BACKWARD_WIDE_ROWS) -> RowTiles:
     """Tiles and grid for a norm kernel whose memory analysis gives ``memory_multiplier`` live fp32 values per
     tile element. ``persistent``: the kernel keeps a per-program partial (backward), so the CUDA grid is capped
     too. Two requests: the columns first (does a whole row fit?), then how many whole rows fit one tile.
-    ``cuda_wide_rows``: the kernel's CUDA tiles for wide rows; ``cuda_prefetch``: whether it may prefetch."""
+    ``cuda_wide_rows``: the kernel's CUDA tiles for wide rows (the entry with the largest ``min_cols`` the row
+    reaches applies)."""
     cuda = {"cuda_programs_per_sm": CUDA_PROGRAMS_PER_SM} if persistent else {}
     cols = plan_launch(device_type, TileRequest(memory_multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
                                                 cuda_max_block=CUDA_WHOLE_ROW_MAX, **cuda))
@@ -81,14 +84,16 @@ def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: flo
     # Whole rows: as many per tile as the budget allows, but with a persistent grid no more than keeps every
     # program busy (8 rows over 40 vector cores must not become one tile of 8).
     wanted = n_rows if cols.max_programs is None else math.ceil(n_rows / cols.max_programs)
-    if block_cols >= cuda_wide_rows.min_cols:
-        cuda.update(cuda_num_warps=cuda_wide_rows.warps, cuda_max_block=cuda_wide_rows.rows)
+    wide = [entry for entry in cuda_wide_rows if block_cols >= entry.min_cols]
+    if wide:
+        entry = max(wide, key=lambda e: e.min_cols)
+        cuda.update(cuda_num_warps=entry.warps, cuda_max_block=entry.rows)
     rows = plan_launch(device_type, TileRequest(memory_multiplier, ((wanted, block_cols),), (0,),
                                                 COMPUTE_DTYPE_SIZE, **cuda))
     block_rows = rows.block
     on_cuda = rows.backend == "cuda"
     return RowTiles(block_rows, block_cols, True, rows.grid(math.ceil(n_rows / block_rows)), rows.launch_options(),
-                    CUDA_PARAMS_PER_TILE and on_cuda, CUDA_PREFETCH and cuda_prefetch and on_cuda and persistent)
+                    CUDA_PARAMS_PER_TILE and on_cuda, CUDA_PREFETCH and on_cuda and persistent)
 
 
 @triton.jit

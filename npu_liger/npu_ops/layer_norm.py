@@ -32,10 +32,7 @@ FORWARD_MEMORY_MULTIPLIER = 5.0
 BACKWARD_MEMORY_MULTIPLIER = 8.0
 # CUDA forward at 4096+ columns: two rows per program on 4 warps (H200, bf16, weight and bias per tile: 135 us
 # at 16384x8192 = 0.94 of copy and 35 us at 8192x4096, against 185 us / 42 us for one row on 16 / 8 warps).
-CUDA_FORWARD_WIDE_ROWS = CudaWideRows(min_cols=4096, rows=2, warps=4)
-# No prefetch in the CUDA backward (_norm.CUDA_PREFETCH): with two more tiles beside its seven, the kernel ran
-# slower on the H200 (16384x8192 forward+backward 0.635 ms against 0.555 ms without; registers spill at 16 warps).
-CUDA_BACKWARD_PREFETCH = False
+CUDA_FORWARD_WIDE_ROWS = (CudaWideRows(min_cols=4096, rows=2, warps=4),)
 
 
 @triton.jit
@@ -235,8 +232,7 @@ def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optiona
     require_launchable(x.device)
     x2, dy2 = as_rows(x, n_cols), as_rows(grad_out, n_cols)
     n_rows = x2.shape[0]
-    tiles = plan_rows(x.device.type, n_rows, n_cols, BACKWARD_MEMORY_MULTIPLIER, persistent=True,
-                      cuda_prefetch=CUDA_BACKWARD_PREFETCH)
+    tiles = plan_rows(x.device.type, n_rows, n_cols, BACKWARD_MEMORY_MULTIPLIER, persistent=True)
     alloc = torch.empty if tiles.whole_row else torch.zeros  # the looped path accumulates into its row
     partials = alloc((2, tiles.grid, n_cols), dtype=torch.float32, device=x.device)
     _layer_norm_bwd_kernel[(tiles.grid,)](

@@ -47,7 +47,7 @@ BACKWARD_MEMORY_MULTIPLIER = 7.0
 FUSED_BACKWARD_MEMORY_MULTIPLIER = 8.0
 # CUDA forward at 8192+ columns: one row on 8 warps (H200, bf16, weight per tile, 16384x8192: 132 us plain,
 # 134 us with Gemma's offset, 261 us fused: 0.95-0.98 of copy; 16 warps took 161 us with the offset).
-CUDA_FORWARD_WIDE_ROWS = CudaWideRows(min_cols=8192, rows=1, warps=8)
+CUDA_FORWARD_WIDE_ROWS = (CudaWideRows(min_cols=8192, rows=1, warps=8),)
 
 
 @triton.jit
