@@ -213,7 +213,7 @@ def test_module_matches_hf_mlp(gop, bias):
 def test_down_projection_recomputes_the_gate_product(gop, dtype, monkeypatch):
     """The gated MLP keeps a, b and the weights for backward, not gate(a, b) (4x16x88 values here), and its
     gradients equal those of the plain ``down_proj(gate(a, b))`` path (NPU_LIGER_MLP_RECOMPUTE=0): bit for bit
-    on CPU, where both run the same matmuls."""
+    on CPU, where both run the same matmuls. A down_proj with a hook takes the plain path (the hook sees it)."""
     mlp = gop.module(32, 88, bias=True).to(device=DEVICE, dtype=dtype)
     x = randn((4, 16, 32), dtype)
 
@@ -232,6 +232,9 @@ def test_down_projection_recomputes_the_gate_product(gop, dtype, monkeypatch):
         return out, [xx.grad, *(p.grad for p in mlp.parameters())], sum(saved)
 
     out, grads, saved = run()
+    handle = mlp.down_proj.register_forward_hook(lambda module, args, output: None)
+    assert run()[2] == saved + 4 * 16 * 88  # a hooked down_proj runs as a module: the plain path
+    handle.remove()
     monkeypatch.setenv("NPU_LIGER_MLP_RECOMPUTE", "0")
     plain_out, plain_grads, plain_saved = run()
     assert plain_saved - saved == 4 * 16 * 88

@@ -60,8 +60,10 @@ CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 4096, 8
 #   leaves room (Ascend910B3: 192 KiB * 0.8 / (3.0 * 4 B) = 13107 -> BLOCK 8192). shapes ((cols,),), dim 0 tiled.
 SCALE_MEMORY_MULTIPLIER = 3.0
 # _target_stats_kernel, per target of a block: the target as int64 (2 fp32 slots), the valid and bad flags, two
-#   int32 counters: ~6 slots. shapes ((BT,),), dim 0 tiled.
-TARGET_STATS_MEMORY_MULTIPLIER = 6.0
+#   int32 counters: ~6 slots, but the Ascend compile check measured 48 UB bytes per element single-buffered (the
+#   int64 compares and casts), so 6.0 (BLOCK 4096 on A2/A3) fitted only with multi-buffer off; 10.0 (192 KiB *
+#   0.8 / 40 B = 3932 -> BLOCK 2048) fits double-buffered. shapes ((BT,),), dim 0 tiled.
+TARGET_STATS_MEMORY_MULTIPLIER = 10.0
 
 
 @triton.jit
