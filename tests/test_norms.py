@@ -420,11 +420,15 @@ def test_cuda_kernel_variants_give_the_same_results(monkeypatch, small_ub):
     shape = (37, 15, 40)  # 555 rows of 40: several rows per tile, several tiles per program, a partial last tile
     plan = cuda_like("cpu", 555, 40, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
     assert plan.prefetch and plan.block_rows > 1 and plan.grid * 4 * plan.block_rows < 555
-    x, r, w, b = randn(shape), randn(shape), randn(shape[-1:]), randn(shape[-1:])
-    for mode, offset in (("llama", 0.0), ("gemma", 1.0)):
-        check_against_reference(lambda x, w: npu_liger.rms_norm(x, w, 1e-6, offset, mode),
-                                lambda x, w: rms_reference(x, w, 1e-6, offset, mode), (x, w), ("x", "weight"))
-    check_against_reference(lambda x, r, w: npu_liger.fused_add_rms_norm(x, r, w), fused_reference, (x, r, w),
-                            ("x", "residual", "weight"))
-    check_against_reference(lambda x, w, b: npu_liger.layer_norm(x, w, b), ln_reference, (x, w, b),
-                            ("x", "weight", "bias"))
+    for dtype in (torch.float32, torch.bfloat16):
+        x, r, w, b = randn(shape, dtype), randn(shape, dtype), randn(shape[-1:], dtype), randn(shape[-1:], dtype)
+        for mode, offset in (("llama", 0.0), ("gemma", 1.0)):
+            check_against_reference(lambda x, w: npu_liger.rms_norm(x, w, 1e-6, offset, mode),
+                                    lambda x, w: rms_reference(x, w, 1e-6, offset, mode), (x, w), ("x", "weight"),
+                                    rounding_points(mode))
+        check_against_reference(lambda x, r, w: npu_liger.fused_add_rms_norm(x, r, w), fused_reference, (x, r, w),
+                                ("x", "residual", "weight"), rounding_points("llama", fused=True))
+        check_against_reference(lambda x, w, b: npu_liger.layer_norm(x, w, b), ln_reference, (x, w, b),
+                                ("x", "weight", "bias"))
+    check_against_reference(lambda x: npu_liger.layer_norm(x, None, None), lambda x: ln_reference(x, None, None),
+                            (x.float(),), ("x",))
