@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
+from torch.nn.modules import module as module_globals  # the global module hooks
 
 from ..registrations._op import call_op, eager_call_allowed
 from ..registrations.geglu import geglu, geglu_backward_op
@@ -64,8 +65,6 @@ class _RecomputedGateLinear(torch.autograd.Function):
 
 def _plain_linear(module: nn.Module) -> bool:
     """An ``nn.Linear`` (not a subclass: LoRA, quantised layers) whose forward nothing observes or replaces."""
-    from torch.nn.modules import module as module_globals
-
     return (type(module) is nn.Linear and "forward" not in module.__dict__
             and not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                      or module._backward_pre_hooks)

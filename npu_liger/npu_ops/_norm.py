@@ -80,7 +80,9 @@ def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: flo
                                                 cuda_max_block=CUDA_WHOLE_ROW_MAX, **cuda))
     block_cols = cols.block
     if block_cols < n_cols:
-        return RowTiles(1, block_cols, False, cols.grid(n_rows), cols.launch_options(), True, False)
+        # the looped kernels load the parameters with every chunk anyway, and do not prefetch
+        return RowTiles(1, block_cols, False, cols.grid(n_rows), cols.launch_options(), params_per_tile=True,
+                        prefetch=False)
     # Whole rows: as many per tile as the budget allows, but with a persistent grid no more than keeps every
     # program busy (8 rows over 40 vector cores must not become one tile of 8).
     wanted = n_rows if cols.max_programs is None else math.ceil(n_rows / cols.max_programs)
