@@ -13,7 +13,8 @@ Memory analysis (fp32 elements per (BLOCK_R x BLOCK_N) tile; weight and bias row
 - forward: x as loaded, x in fp32, x - mean, its square, y before the cast -> 5.0
   (Ascend910B3: 192 KiB * 0.8 / (5 * 4 B) = 7864 -> 4096 columns);
 - backward: x, dy, xhat, g, dx, the dW and dB accumulators, + weight -> 8.0 (4915 -> 4096 columns).
-Wider rows loop (``_norm.plan_rows``): 3 passes forward (mean, variance, normalise), 4 backward.
+Wider rows loop (``_norm.plan_rows``): 3 passes forward (mean, variance, normalise), 4 backward. The CUDA-only
+backward prefetch (``PREFETCH``) holds two more tiles as stored; the NPU never prefetches.
 """
 
 from __future__ import annotations

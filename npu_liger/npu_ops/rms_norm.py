@@ -22,7 +22,8 @@ Memory analysis (fp32 elements per (BLOCK_R x BLOCK_N) tile; the weight row is s
 - forward: x as loaded, x in fp32, x^2, y before the cast -> 4.0; with a residual add: residual and s -> 6.0
   (Ascend910B3: 192 KiB * 0.8 / (4 * 4 B) = 9830 -> 8192 columns; 6.0 -> 4096);
 - backward: x, dy, n, g, dx, the dW accumulator, + the weight row -> 7.0; with the sum's gradient -> 8.0
-  (5617 / 4915 -> 4096 columns). Wider rows loop (``_norm.plan_rows``).
+  (5617 / 4915 -> 4096 columns). Wider rows loop (``_norm.plan_rows``). The CUDA-only backward prefetch
+  (``PREFETCH``) holds two more tiles as stored; the NPU never prefetches, so its UB analysis is the above.
 """
 
 from __future__ import annotations
