@@ -6,11 +6,15 @@ so the time is the host's), for the public function ``npu_liger.<op>``, the eage
 
 ``--profile OP`` prints the cProfile top entries of the npu_liger forward+backward loop (where the µs go).
 Runs on CPU too (the Triton interpreter: the numbers then measure the interpreter, not the launch path).
+``--fake-launch`` (CPU only) turns every Triton launch into a no-op, so the npu_liger column is the package's own
+Python per call (checks, allocation, plans, autograd) without any kernel: a host-cost measurement that needs no
+GPU. Ops whose host code reads a kernel's output (cross_entropy's target flag) are skipped then.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import pstats
@@ -21,6 +25,24 @@ import torch
 from . import liger, reference
 from .measure import _gen, _per_call_us, forward_backward, sync
 from .specs import SPECS
+
+
+# Ops whose host code reads what a kernel wrote (the CPU target check reads the target-statistics flag), so a
+# faked launch leaves it garbage.
+READS_KERNEL_OUTPUT = ("cross_entropy", "fused_linear_cross_entropy")
+
+
+@contextlib.contextmanager
+def faked_launches():
+    """Every launch of an interpreted Triton kernel (CPU) does nothing inside the block."""
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpretedFunction.__getitem__
+    interpreter.InterpretedFunction.__getitem__ = lambda self, grid: (lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        interpreter.InterpretedFunction.__getitem__ = original
 
 
 def _variants(spec, use_liger: bool):
@@ -68,10 +90,18 @@ def main(argv=None) -> None:
     parser.add_argument("--no-liger", action="store_true")
     parser.add_argument("--profile", default="", help="comma-separated ops to cProfile")
     parser.add_argument("--out", default="", help="also write the rows as JSON here")
+    parser.add_argument("--fake-launch", action="store_true",
+                        help="CPU: every Triton launch is a no-op (the package's own Python cost per call)")
     args = parser.parse_args(argv)
+    ops = args.ops.split(",")
+    if args.fake_launch:
+        if args.device != "cpu":
+            parser.error("--fake-launch replaces the Triton interpreter's launches: CPU only")
+        ops = [op for op in ops if op not in READS_KERNEL_OUTPUT]
     reference.sources()  # resolve the HF formulas before Liger can patch transformers
     use_liger = args.device == "cuda" and not args.no_liger and liger.available()
-    rows = [measure(SPECS[op], args.device, args.iters, args.repeats, use_liger) for op in args.ops.split(",")]
+    with faked_launches() if args.fake_launch else contextlib.nullcontext():
+        rows = [measure(SPECS[op], args.device, args.iters, args.repeats, use_liger) for op in ops]
     names = ["npu_liger", "eager", "liger"]
     print(f"host µs per call on {args.device} (tiny tensors), forward / forward+backward")
     print("| op | shape | " + " | ".join(names) + " | npu_liger f+b / eager f+b |")

@@ -67,3 +67,14 @@ def test_outputs_go_to_an_untracked_folder_unless_published():
         probe = default / "results.json"
         proc = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=REPO, capture_output=True)
         assert proc.returncode == 0, f"{probe} is not ignored by git: add benchmarks/output/ to .gitignore"
+
+
+def test_host_overhead_with_faked_launches_measures_the_package_alone(tmp_path):
+    """``host_overhead --fake-launch`` (CPU): every row has positive per-call times for npu_liger and eager, and
+    the ops whose host code reads a kernel's output are left out."""
+    out = tmp_path / "host.json"
+    _run([sys.executable, "-m", "benchmarks.host_overhead", "--device", "cpu", "--fake-launch", "--ops",
+          "swiglu,cross_entropy", "--iters", "20", "--repeats", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())
+    assert [row["op"] for row in rows] == ["swiglu"]
+    assert all(rows[0][f"{v}_{k}_us"] > 0 for v in ("npu_liger", "eager") for k in ("fwd", "fb"))
