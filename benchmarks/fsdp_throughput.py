@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import socket
@@ -108,6 +109,11 @@ def run_variant(job: dict) -> dict:
                   first_loss=stats[0].item() / world, last_loss=stats[1].item() / world, note=note)
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
+    # Free the model and optimizer (FSDP2 state holding the process group) before destroying the group: left to
+    # interpreter exit, their teardown aborted gloo ranks now and then (examples/fsdp_train.py says more).
+    del model, step, batches
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     return result
 
