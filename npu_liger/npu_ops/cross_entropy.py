@@ -319,13 +319,10 @@ def reduce_rows(row_losses: torch.Tensor, scale: torch.Tensor, reduction: str) -
 @memoised_on_cuda
 def _rows_plan(device_type: str, n_cols: int, compute_grad: bool):
     """BLOCK_V plan of the cross-entropy kernel (see the memory multipliers and CUDA tiles above)."""
-    if compute_grad:
-        request = TileRequest(GRAD_MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
-                              cuda_max_block=CUDA_GRAD_BLOCK, cuda_num_warps=CUDA_GRAD_WARPS)
-    else:
-        request = TileRequest(MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE, cuda_max_block=CUDA_BLOCK,
-                              cuda_num_warps=CUDA_WARPS)
-    return plan_launch(device_type, request)
+    multiplier, cuda_block, cuda_warps = ((GRAD_MEMORY_MULTIPLIER, CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS) if compute_grad
+                                          else (MEMORY_MULTIPLIER, CUDA_BLOCK, CUDA_WARPS))
+    return plan_launch(device_type, TileRequest(multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
+                                                cuda_max_block=cuda_block, cuda_num_warps=cuda_warps))
 
 
 @memoised_on_cuda
