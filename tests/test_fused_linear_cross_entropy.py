@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import npu_liger
 import npu_liger.npu_ops.fused_linear_cross_entropy as flce_kernels
-from checklist import (DEVICE, FLOAT_DTYPES, UNIT_ROUNDOFF, assert_close, assert_no_alias, assert_unchanged, randn,
-                       rel_error, run_opcheck, snapshot)
+from checklist import (DEVICE, FLOAT_DTYPES, FP32_RTOL, UNIT_ROUNDOFF, assert_close, assert_no_alias,
+                       assert_unchanged, randn, rel_error, run_opcheck, snapshot)
 from test_cross_entropy import assert_scaled, make_target, reference as ce_reference
 
 flce_op = torch.ops.npu_liger.fused_linear_cross_entropy.default
@@ -54,11 +54,13 @@ def _grads(leaves):
 
 
 def assert_loss_close(loss, ref64, ref_lp, dtype, what):
-    """The fp32 loss of half-precision inputs comes from half-precision logits (as HF's does): judged like a
-    half-precision output, against the unfused half-precision run's own error."""
-    if dtype == torch.float32:
-        return assert_close(loss, ref64, what=what)
-    err, tol = rel_error(loss, ref64), max(2.0 * rel_error(ref_lp, ref64), UNIT_ROUNDOFF[dtype])
+    """The loss inherits the matmul's rounding of the logits, so it is judged against the unfused run in the
+    inputs' dtype (its own error, doubled), floored at the dtype's usual tolerance. Half precision: the logits
+    are rounded to half precision (as HF's are). fp32 too: the logits' rounding error scales with
+    sum |x_i w_i|, so a small loss from cancelling logits (e.g. a one-word vocabulary, where only the z-loss
+    term is left) can sit above 1e-5 relative to itself for both runs -- seen on the H200, ~6e-5."""
+    floor = FP32_RTOL if dtype == torch.float32 else UNIT_ROUNDOFF[dtype]
+    err, tol = rel_error(loss, ref64), max(2.0 * rel_error(ref_lp, ref64), floor)
     assert err <= tol, f"{what} ({dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
 
 
