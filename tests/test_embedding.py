@@ -3,6 +3,7 @@ determinism, index-range errors and in-kernel masking, opcheck, compile, tiling 
 on CUDA: no host synchronisation, and the device-side assert for bad indices (in a subprocess)."""
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -222,7 +223,7 @@ def test_kernels_mask_out_of_range_indices_without_the_range_check(index_dtype, 
     """With the range check switched off, bad indices touch nothing outside weight: weight is a view into a
     buffer whose neighbouring rows hold a sentinel, and no sentinel reaches the output. Both backward task
     layouts (per vocabulary row, per token)."""
-    monkeypatch.setattr(embedding_kernels, "check_index_range", lambda indices, num_embeddings: None)
+    monkeypatch.setattr(embedding_kernels, "check_index_range", lambda indices, num_embeddings, flag=None: None)
     monkeypatch.setattr(embedding_kernels, "_tasks_by_token", lambda *args: by_token)
     big = 2**31 - 1 if index_dtype == torch.int32 else 2**40
     buffer = torch.full((14, 5), 777.0, device=DEVICE)
@@ -238,6 +239,27 @@ def test_kernels_mask_out_of_range_indices_without_the_range_check(index_dtype, 
     grad_weight = embedding_kernels.embedding_backward(grad_out, indices, 10, -1)
     expected = torch.zeros(10, 5, device=DEVICE).index_add_(0, indices[valid].long(), grad_out[valid])
     assert_close(grad_weight, expected.double())
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("bad", [None, -1, 10, "min", "max"])
+def test_kernels_clear_the_index_flag_for_out_of_range_indices(bad, index_dtype, monkeypatch):
+    """CUDA's device-side check, run anywhere: the forward kernel and the backward kernel's per-row layout each
+    clear the flag they are given exactly when some index is outside [0, V) (the flag is read here instead of
+    being asserted on)."""
+    flags = []
+    monkeypatch.setattr(embedding_kernels, "index_check_flag",
+                        lambda device: torch.ones((), dtype=torch.int32, device=device))
+    monkeypatch.setattr(embedding_kernels, "check_index_range",
+                        lambda indices, num_embeddings, flag=None: flags.append(int(flag)))
+    monkeypatch.setattr(embedding_kernels, "_tasks_by_token", lambda *args: False)
+    info = torch.iinfo(index_dtype)
+    indices = make_indices((3, 7), 10, index_dtype)
+    if bad is not None:
+        indices[1, random.randrange(7)] = {"min": info.min, "max": info.max}.get(bad, bad)
+    embedding_kernels.embedding_forward(randn((10, 6)), indices)
+    embedding_kernels.embedding_backward(randn((3, 7, 6)), indices, 10, -1)
+    assert flags == [int(bad is None)] * 2
 
 
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5, 7)])
@@ -545,7 +567,7 @@ def test_backward_task_layouts_agree_and_token_tasks_scale_with_tokens(padding_i
     class Recording:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                tasks.append(args[5])  # n_tasks
+                tasks.append(args[6])  # n_tasks
                 return kernel[grid](*args, **kwargs)
             return launch
 

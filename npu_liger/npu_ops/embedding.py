@@ -24,8 +24,12 @@ bf16/fp16 row (bf16 arithmetic would stall at 256 when adding 1.0 a thousand tim
 
 Out-of-range indices (outside [0, V)) are an error. The launchers check the indices' (min, max) after queueing
 their kernels (``check_index_range``), in the way ``F.embedding`` reports them on each device:
-- CUDA: ``torch._assert_async`` over the device-side "min >= 0 and max < V" flag, queued on the current stream
-  (a few tiny kernels, no host synchronisation, no side stream, no host memory). A bad index fails later, at
+- CUDA: the kernels themselves check: each is given a one-element int32 flag holding 1, and a program that
+  meets an out-of-range index stores 0 into it (the forward kernel per token tile; the backward kernel's first
+  program from the sorted run bounds, which show any index below 0 or at or above V). ``torch._assert_async``
+  on the flag is queued right after them on the current stream: two small launches (the flag's fill and the
+  assert) beside the kernels, no host synchronisation, no side stream, no host memory (a min/max reduction and
+  its comparisons cost five launches: the forward is host-bound at training sizes). A bad index fails later, at
   the next synchronisation, with a RuntimeError "CUDA error: device-side assert triggered" (the failing kernel
   prints the message naming ``indices`` and the range), and, as after torch's own device asserts, the
   process's CUDA context is unusable afterwards. The assert is an ordinary kernel launch on the current stream,
@@ -87,13 +91,18 @@ LONG_RUN_BLOCK = 16
 
 
 @launched_kernel
-def _embedding_fwd_kernel(weight_ptr, indices_ptr, out_ptr, n_tokens, num_embeddings, dim, stride_wv, stride_wd,
-                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _embedding_fwd_kernel(weight_ptr, indices_ptr, out_ptr, ok_ptr, n_tokens, num_embeddings, dim, stride_wv,
+                          stride_wd, CHECK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """CHECK: store 0 into ``ok_ptr``'s flag when a token's index is out of range (CUDA's device-side check)."""
     for start in tl.range(program_start(BLOCK_N), n_tokens, grid_stride(BLOCK_N)):
         tokens = start + tl.arange(0, BLOCK_N)
         token_mask = tokens < n_tokens
         rows = tl.load(indices_ptr + tokens, mask=token_mask, other=0).to(tl.int64)
         valid = token_mask & (rows >= 0) & (rows < num_embeddings)
+        if CHECK:
+            n_bad = tl.sum((token_mask & ((rows < 0) | (rows >= num_embeddings))).to(tl.int32), axis=0)
+            if n_bad > 0:
+                tl.store(ok_ptr, 0)
         src = weight_ptr + tl.where(valid, rows, 0)[:, None] * stride_wv  # in bounds even for bad indices
         dst = out_ptr + tokens[:, None] * dim
         for col_start in tl.range(0, dim, BLOCK_D):
@@ -104,9 +113,10 @@ def _embedding_fwd_kernel(weight_ptr, indices_ptr, out_ptr, n_tokens, num_embedd
 
 
 @launched_kernel
-def _embedding_bwd_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, row_bounds_ptr, grad_weight_ptr, n_tasks,
-                          n_col_blocks, num_embeddings, dim, padding_idx, long_run, stride_gn, stride_gd,
-                          BY_TOKEN: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+def _embedding_bwd_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, row_bounds_ptr, grad_weight_ptr, ok_ptr, n_tasks,
+                          n_col_blocks, n_tokens, num_embeddings, dim, padding_idx, long_run, stride_gn, stride_gd,
+                          CHECK: tl.constexpr, BY_TOKEN: tl.constexpr, BLOCK_K: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
     """Task = (row of grad_weight, column block): sum grad_out over the row's run of tokens
     (``order[row_bounds[row]:row_bounds[row + 1]]``, token order) in fp32 and store the block once -- zeros for
     a row no token names, or the padding row. Runs longer than ``long_run`` are skipped here: the long-run
@@ -114,7 +124,17 @@ def _embedding_bwd_kernel(grad_out_ptr, sorted_rows_ptr, order_ptr, row_bounds_p
 
     BY_TOKEN: tasks are (sorted position, column block) instead, so their number scales with the tokens, not
     the vocabulary; the task at the first position of a run owns that run's row, the others do nothing, and
-    grad_weight was zero-filled beforehand (rows no token names are never visited)."""
+    grad_weight was zero-filled beforehand (rows no token names are never visited).
+
+    CHECK: the first program stores 0 into ``ok_ptr``'s flag when an index is out of range: the sorted keys
+    hold one below 0 when row 0's run does not start at position 0, and one at or above V when row V's bound
+    (the first key >= V) is not the end."""
+    if CHECK:
+        if tl.program_id(0) == 0:
+            below = tl.load(row_bounds_ptr)
+            at_or_above = tl.load(row_bounds_ptr + num_embeddings)
+            if (below != 0) | (at_or_above != n_tokens):
+                tl.store(ok_ptr, 0)
     for task in tl.range(program_start(1), n_tasks, grid_stride(1)):
         slot = task // n_col_blocks
         col_block = task % n_col_blocks
@@ -216,15 +236,27 @@ def check_embedding_backward_inputs(grad_out: torch.Tensor, indices: torch.Tenso
     _check_padding_idx(padding_idx, num_embeddings)
 
 
-def check_index_range(indices: torch.Tensor, num_embeddings: int) -> None:
+def index_check_flag(device: torch.device):
+    """CUDA: the flag the kernels clear on an out-of-range index (1 = all in range), for ``check_index_range``;
+    None elsewhere (the host check reads the indices' min and max instead)."""
+    if device.type != "cuda":
+        return None
+    return torch.ones((), dtype=torch.int32, device=device)
+
+
+def check_index_range(indices: torch.Tensor, num_embeddings: int, flag=None) -> None:
     """Every index (a non-empty flat tensor) must lie in [0, num_embeddings): a device-side assert on CUDA, else
-    IndexError naming a bad value (see the module docstring)."""
+    IndexError naming a bad value (see the module docstring). ``flag``: from ``index_check_flag``, after the
+    kernels that checked the indices into it were queued."""
+    message = f"embedding: indices must be in [0, {num_embeddings}) (num_embeddings={num_embeddings})"
+    if flag is not None:
+        torch._assert_async(flag, message)
+        return
     low, high = torch.aminmax(indices)
-    if indices.device.type == "cuda":
+    if indices.device.type == "cuda":  # no kernel looked at the indices (zero-width rows)
         # max <= V - 1, capped, rather than max < V: with int32 indices and V >= 2**31, V would wrap around.
         last = min(num_embeddings - 1, torch.iinfo(indices.dtype).max)
-        torch._assert_async((low >= 0) & (high <= last),
-                            f"embedding: indices must be in [0, {num_embeddings}) (num_embeddings={num_embeddings})")
+        torch._assert_async((low >= 0) & (high <= last), message)
         return
     low, high = torch.stack((low, high)).tolist()
     if low < 0 or high >= num_embeddings:
@@ -259,15 +291,19 @@ def embedding_forward(weight: torch.Tensor, indices: torch.Tensor, padding_idx: 
     n = flat_indices.numel()
     if n == 0:
         return out
+    flag = None
     if dim:
         require_launchable(weight.device)
+        flag = index_check_flag(weight.device)
         plan = _token_plan(weight.device.type, triton.next_power_of_2(n), dim)
         block_n, block_d = plan.tiles[0]
         _embedding_fwd_kernel[(plan.grid(cdiv(n, block_n)),)](
-            weight, flat_indices, out, n, num_embeddings, dim, weight.stride(0), weight.stride(1),
-            BLOCK_N=block_n, BLOCK_D=block_d, **plan.launch_options()
+            weight, flat_indices, out, flat_indices if flag is None else flag, n, num_embeddings, dim,
+            weight.stride(0), weight.stride(1), CHECK=flag is not None, BLOCK_N=block_n, BLOCK_D=block_d,
+            **plan.launch_options()
         )
-    check_index_range(flat_indices, num_embeddings)  # after the launch: where the host reads, the gather is queued
+    # after the launch: where the host reads, the gather is already queued
+    check_index_range(flat_indices, num_embeddings, flag)
     return out
 
 
@@ -303,6 +339,7 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
     grad_2d = grad_out.reshape(n, dim)  # a view when possible (even of an expanded gradient): strides go along
     padding = padding_idx if padding_idx >= 0 else -1
     grad_weight = torch.empty((num_embeddings, dim), dtype=grad_out.dtype, device=device)  # all written below
+    flag = None
     if dim and num_embeddings:
         require_launchable(device)
         keys = _sort_keys(flat_indices, num_embeddings)
@@ -316,11 +353,13 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
         by_token = _tasks_by_token(device.type, n, num_embeddings)
         if by_token:
             grad_weight.zero_()  # rows no token names are never visited
+        else:
+            flag = index_check_flag(device)
         n_tasks = (n if by_token else num_embeddings) * n_col_blocks
         _embedding_bwd_kernel[(plan.grid(n_tasks),)](
-            grad_2d, sorted_rows, order, row_bounds, grad_weight, n_tasks, n_col_blocks, num_embeddings, dim,
-            padding, LONG_RUN, grad_2d.stride(0), grad_2d.stride(1), BY_TOKEN=by_token, BLOCK_K=block_k,
-            BLOCK_D=block_d, **plan.launch_options()
+            grad_2d, sorted_rows, order, row_bounds, grad_weight, row_bounds if flag is None else flag, n_tasks,
+            n_col_blocks, n, num_embeddings, dim, padding, LONG_RUN, grad_2d.stride(0), grad_2d.stride(1),
+            CHECK=flag is not None, BY_TOKEN=by_token, BLOCK_K=block_k, BLOCK_D=block_d, **plan.launch_options()
         )
         if n > LONG_RUN:  # else no run can be long
             plan = _backward_plan(device.type, dim, True)  # the long-run kernel's
@@ -332,5 +371,5 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
                 padding, LONG_RUN, grad_2d.stride(0), grad_2d.stride(1), BLOCK_K=block_k, BLOCK_D=block_d,
                 **plan.launch_options()
             )
-    check_index_range(flat_indices, num_embeddings)
+    check_index_range(flat_indices, num_embeddings, flag)
     return grad_weight
