@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import npu_liger
 import npu_liger.npu_ops.cross_entropy as ce_kernels
-from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
-                       assert_unchanged, randn, rel_error, run_opcheck, snapshot)
+from checklist import (DEVICE, FLOAT_DTYPES, FP32_RTOL, assert_close, assert_compiles_without_recompiles,
+                       assert_no_alias, assert_unchanged, randn, rel_error, run_opcheck, snapshot)
 
 ce_op = torch.ops.npu_liger.cross_entropy.default
 ce_with_grad_op = torch.ops.npu_liger.cross_entropy_with_grad.default
@@ -56,6 +56,38 @@ def make_target(n_rows, n_cols, mode="some", ignore_index=-100, dtype=torch.int6
     return target
 
 
+# fp32: compiled Triton on a GPU takes exp and log from the approximate hardware instructions (~2**-22), so a
+# correct kernel's loss row and gradient element carry an absolute error of ~1e-7 times the size of the terms
+# they are differences of (a row's logsumexp; probabilities <= 1). Where those terms cancel in float64 -- a
+# one-word vocabulary leaves only the z-loss of a small logit -- that absolute error dominates the relative
+# one (seen on the H200 in fused_linear_cross_entropy: 1.2e-5 to 4e-3 relative). The fp32 checks add
+# 2**-20 x the size of the terms to FP32_RTOL x the reference; in ordinary cases that floor is ~10x below it.
+APPROXIMATE_MATH_FLOOR = 2.0**-20
+
+
+def loss_floor(logits64, target, ignore_index, reduction, softcap):
+    """APPROXIMATE_MATH_FLOOR x the size of the loss's terms: 1 + |logsumexp| per valid row, reduced."""
+    valid = (target != ignore_index).double()
+    z = logits64 if softcap is None else softcap * torch.tanh(logits64 / softcap)
+    rows = (1.0 + z.detach().logsumexp(-1).abs()) * valid
+    size = {"none": rows, "sum": rows.sum(), "mean": rows.sum() / valid.sum().clamp_min(1.0)}[reduction]
+    return APPROXIMATE_MATH_FLOOR * size.norm().item()
+
+
+def logit_grad_sizes(logits64, target, grad_out, ignore_index, reduction):
+    """Per row, the size of each dloss/dlogit's terms (probabilities and targets <= 1) times the incoming
+    gradient and the mean's 1/n."""
+    valid = (target != ignore_index).double()
+    scale = valid.sum().clamp_min(1.0) if reduction == "mean" else 1.0
+    return grad_out.detach().double().abs() * valid / scale
+
+
+def assert_fp32_close(got, ref64, floor, what):
+    err = (got.detach().double() - ref64.detach()).norm().item()
+    tol = FP32_RTOL * ref64.detach().norm().item() + floor
+    assert err <= tol, f"{what} (torch.float32): error {err:.3e} > {FP32_RTOL} x reference + floor {floor:.3e}"
+
+
 def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
           lse_square_scale=0.0, fn=None):
     """Loss and grad against float64 (half precision against eager half precision) for an incoming gradient of
@@ -77,8 +109,15 @@ def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0
     logits_lp = logits.detach().clone().requires_grad_(True)
     ref_lp = reference(logits_lp, target, *options)
     ref_lp.backward(torch.ones_like(ref_lp))
-    assert_close(loss, ref, what=f"loss ({reduction})")
-    assert_close(leaf.grad, logits64.grad, logits_lp.grad, what="grad_logits")
+    if logits.dtype == torch.float32:
+        assert_fp32_close(loss, ref, loss_floor(logits64, target, ignore_index, reduction, softcap),
+                          f"loss ({reduction})")
+        grad_sizes = logit_grad_sizes(logits64, target, torch.ones_like(ref), ignore_index, reduction)
+        grad_floor = APPROXIMATE_MATH_FLOOR * (grad_sizes * logits.shape[-1] ** 0.5).norm().item()
+        assert_fp32_close(leaf.grad, logits64.grad, grad_floor, "grad_logits")
+    else:
+        assert_close(loss, ref, what=f"loss ({reduction})")
+        assert_close(leaf.grad, logits64.grad, logits_lp.grad, what="grad_logits")
     assert (leaf.grad[target == ignore_index] == 0).all()
 
     scaled_leaf = logits.detach().requires_grad_(True)

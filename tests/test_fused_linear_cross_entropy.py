@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 import npu_liger
 import npu_liger.npu_ops.fused_linear_cross_entropy as flce_kernels
-from checklist import (DEVICE, FLOAT_DTYPES, FP32_RTOL, UNIT_ROUNDOFF, assert_close, assert_no_alias,
+from checklist import (DEVICE, FLOAT_DTYPES, UNIT_ROUNDOFF, assert_close, assert_no_alias,
                        assert_unchanged, randn, rel_error, run_opcheck, snapshot)
-from test_cross_entropy import assert_scaled, make_target, reference as ce_reference
+from test_cross_entropy import (APPROXIMATE_MATH_FLOOR, assert_fp32_close, assert_scaled, logit_grad_sizes,
+                                loss_floor, make_target, reference as ce_reference)
 
 flce_op = torch.ops.npu_liger.fused_linear_cross_entropy.default
 with_grad_op = torch.ops.npu_liger.fused_linear_cross_entropy_with_grad.default
@@ -53,37 +54,17 @@ def _grads(leaves):
     return [None if t is None else t.grad for t in leaves]
 
 
-# fp32: compiled Triton on a GPU takes exp and log from the approximate hardware instructions (~2**-22), so a
-# correct kernel's loss row and gradient element carry an absolute error of ~1e-7 times the size of the terms
-# they are differences of (a row's logsumexp; probabilities <= 1). Where those terms cancel in float64 -- a
-# one-word vocabulary leaves only the z-loss of a small logit -- that absolute error dominates the relative
-# one (seen on the H200: 1.2e-5 to 4e-3 relative). The fp32 checks add 2**-20 x the size of the terms
-# (``fp32_floors``) to FP32_RTOL x the reference; in ordinary cases the floor is ~10x below the relative part.
-APPROXIMATE_MATH_FLOOR = 2.0**-20
-
-
 def fp32_floors(x, weight, bias, target, grad_out, ignore_index, reduction, softcap):
-    """{"loss", "x", "weight", "bias"} -> the absolute error allowed beyond FP32_RTOL: APPROXIMATE_MATH_FLOOR x
-    the norm of the terms' sizes. Loss row: 1 + |logsumexp|. Gradients: every dloss/dlogit taken as 1 (times the
-    incoming gradient and the mean's 1/n), pushed through |x|, |weight| (d/dx: sum_v |w_v|, and so on)."""
-    valid = (target != ignore_index).double()
-    n_valid = valid.sum().clamp_min(1.0)
+    """{"loss", "x", "weight", "bias"} -> the absolute error allowed beyond FP32_RTOL (see test_cross_entropy's
+    APPROXIMATE_MATH_FLOOR): the loss's from its rows' logsumexp; the gradients' with every dloss/dlogit taken
+    as 1 (times the incoming gradient and the mean's 1/n), pushed through |x|, |weight| (d/dx: sum_v |w_v|...)."""
     logits = torch.nn.functional.linear(x.double(), weight.double(), None if bias is None else bias.double())
-    z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
-    row_sizes = (1.0 + z.logsumexp(-1).abs()) * valid
-    loss_size = {"none": row_sizes, "sum": row_sizes.sum(), "mean": row_sizes.sum() / n_valid}[reduction]
-    row_weights = grad_out.double().abs() * valid / (n_valid if reduction == "mean" else 1.0)
+    row_weights = logit_grad_sizes(logits, target, grad_out, ignore_index, reduction)
     leaves = [None if t is None else t.detach().double().abs().requires_grad_(True) for t in (x, weight, bias)]
     (row_weights[:, None] * torch.nn.functional.linear(*leaves)).sum().backward()
-    floors = {name: t.grad.norm().item() for name, t in zip(("x", "weight", "bias"), leaves) if t is not None}
-    floors = {name: APPROXIMATE_MATH_FLOOR * value for name, value in floors.items()}
-    return dict(floors, loss=APPROXIMATE_MATH_FLOOR * loss_size.norm().item())
-
-
-def assert_fp32_close(got, ref64, floor, what):
-    err = (got.detach().double() - ref64.detach()).norm().item()
-    tol = FP32_RTOL * ref64.detach().norm().item() + floor
-    assert err <= tol, f"{what} (torch.float32): error {err:.3e} > {FP32_RTOL} x reference + floor {floor:.3e}"
+    floors = {name: APPROXIMATE_MATH_FLOOR * t.grad.norm().item()
+              for name, t in zip(("x", "weight", "bias"), leaves) if t is not None}
+    return dict(floors, loss=loss_floor(logits, target, ignore_index, reduction, softcap))
 
 
 def assert_loss_close(loss, ref64, ref_lp, dtype, what, floor):
