@@ -71,6 +71,34 @@ def test_plans_are_memoised():
     assert plan_launch("cuda", ELEMENTWISE) is plan_launch("cuda", ELEMENTWISE)
 
 
+def test_memoised_plan_functions_follow_the_chip_and_stay_visible_to_record_plans(monkeypatch):
+    """A kernel's plan function runs once per (arguments, chip): the emulated UB is part of the key, and while
+    record_plans() records it runs every time, naming the launcher that asked."""
+    from npu_liger.tiling import memoised_plan, record_plans
+
+    runs = []
+
+    @memoised_plan
+    def plan(device_type, n):
+        runs.append(n)
+        return plan_launch(device_type, TileRequest(4.0, ((n,),), (0,), 4))
+
+    def launcher():
+        return plan("cpu", 100_000)
+
+    monkeypatch.delenv("NPU_LIGER_EMULATED_UB_BYTES", raising=False)
+    first = launcher()
+    assert launcher() is first and runs == [100_000]
+    monkeypatch.setenv("NPU_LIGER_EMULATED_UB_BYTES", "4096")
+    small = launcher()
+    assert small.block < first.block and len(runs) == 2
+    with record_plans() as records:
+        launcher()
+        launcher()
+    assert len(records) == 2 and len(runs) == 4
+    assert records[0].caller.endswith("test_launch_and_registration.launcher")
+
+
 ALL_OPS = ["geglu", "swiglu", "embedding", "tvd", "rope", "qwen2vl_mrope", "llama4_rope"]
 
 

@@ -11,7 +11,7 @@ from typing import Tuple
 
 import torch
 
-from ..tiling import TileRequest, plan_launch
+from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._triton import COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, check_same_layout, flat, require_launchable
 
 
@@ -27,6 +27,11 @@ def elementwise_request(n_elements: int, memory_multiplier: float) -> TileReques
     return TileRequest(memory_multiplier, ((n_elements,),), (0,), COMPUTE_DTYPE_SIZE)
 
 
+@memoised_plan
+def elementwise_plan(device_type: str, n_elements: int, memory_multiplier: float):
+    return plan_launch(device_type, elementwise_request(n_elements, memory_multiplier))
+
+
 def gated_forward(kernel, a: torch.Tensor, b: torch.Tensor, memory_multiplier: float) -> torch.Tensor:
     check_gated_inputs(a, b)
     c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
@@ -34,7 +39,7 @@ def gated_forward(kernel, a: torch.Tensor, b: torch.Tensor, memory_multiplier: f
     if n == 0:
         return c
     require_launchable(a.device)
-    plan = plan_launch(a.device.type, elementwise_request(n, memory_multiplier))
+    plan = elementwise_plan(a.device.type, n, memory_multiplier)
     kernel[(plan.grid(cdiv(n, plan.block)),)](
         flat(a), flat(b), c.view(-1), n, BLOCK=plan.block, **plan.launch_options()
     )
@@ -52,7 +57,7 @@ def gated_backward(kernel, grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     if n == 0:
         return grad_a, grad_b
     require_launchable(a.device)
-    plan = plan_launch(a.device.type, elementwise_request(n, memory_multiplier))
+    plan = elementwise_plan(a.device.type, n, memory_multiplier)
     kernel[(plan.grid(cdiv(n, plan.block)),)](
         flat(grad_c), flat(a), flat(b), grad_a.view(-1), grad_b.view(-1), n, BLOCK=plan.block,
         **plan.launch_options()

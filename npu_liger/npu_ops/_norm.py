@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tiling import TileRequest, memoised_on_cuda, plan_launch
+from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor
 
 # CUDA keeps rows up to this many elements whole in one program (registers, 8-16 warps): one read of x per
@@ -67,7 +67,7 @@ class RowTiles(NamedTuple):
     prefetch: bool  # persistent whole-row kernels: load the next tile while computing this one (CUDA, see above)
 
 
-@memoised_on_cuda
+@memoised_plan
 def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: float, persistent: bool,
               cuda_wide_rows: Tuple[CudaWideRows, ...] = CUDA_BACKWARD_WIDE_ROWS) -> RowTiles:
     """Tiles and grid for a norm kernel whose memory analysis gives ``memory_multiplier`` live fp32 values per

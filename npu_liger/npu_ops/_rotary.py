@@ -5,13 +5,12 @@ the launch itself. Each op's file adds only its own table checks and launcher.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Sequence, Tuple
 
 import torch
 
-from ..tiling import TileRequest, next_power_of_2, plan_launch
+from ..tiling import TileRequest, memoised_plan, next_power_of_2, plan_launch
 from ._rotary_kernels import SHAPE_DEPENDENT_ARGS, _rotary_bwd_kernel, _rotary_fwd_kernel  # noqa: F401 (tests)
 from ._triton import COMPUTE_DTYPE_SIZE, SUPPORTED_DTYPES, check_float_tensor, require_launchable
 
@@ -148,25 +147,18 @@ def _request(n_q_heads: int, n_kv_heads: int, head_dim: int, memory_multiplier: 
                        cuda_num_warps=CUDA_NUM_WARPS[interleaved])
 
 
+@memoised_plan
 def _launch_config(device_type: str, n_q_heads: int, n_kv_heads: int, head_dim: int, backward: bool,
                    interleaved: bool = False):
-    """(BLOCK_QH, BLOCK_KH, BLOCK_HALF, plan) of the backend's launch policy."""
+    """(BLOCK_QH, BLOCK_KH, BLOCK_HALF, plan, launch options) of the backend's launch policy (memoised: the
+    per-call host cost matters for a kernel this short)."""
     if interleaved:
         multiplier = INTERLEAVED_MEMORY_MULTIPLIER
     else:
         multiplier = BACKWARD_MEMORY_MULTIPLIER if backward else FORWARD_MEMORY_MULTIPLIER
     plan = plan_launch(device_type, _request(n_q_heads, n_kv_heads, head_dim, multiplier, interleaved))
     (block_qh, pad_hd), (block_kh, _) = plan.tiles
-    return block_qh, block_kh, max(1, pad_hd // 2), plan
-
-
-@functools.lru_cache(maxsize=1024)
-def _cuda_launch_config(n_q_heads: int, n_kv_heads: int, head_dim: int, backward: bool, interleaved: bool):
-    """CUDA plans depend on nothing but the request: memoised on plain ints (the per-call host cost matters for
-    a kernel this short). NPU/CPU plans go through plan_launch every time (the emulated chip may change)."""
-    block_qh, block_kh, block_half, plan = _launch_config("cuda", n_q_heads, n_kv_heads, head_dim, backward,
-                                                          interleaved)
-    return block_qh, block_kh, block_half, plan, plan.launch_options()
+    return block_qh, block_kh, max(1, pad_hd // 2), plan, plan.launch_options()
 
 
 def _vec(max_vec: int, g: int) -> int:
@@ -191,16 +183,11 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torc
     n_rows = bsz * seq_len
     if n_rows == 0 or head_dim == 0 or n_q_heads + n_kv_heads == 0:
         return
-    if q.is_cuda:
-        block_qh, block_kh, block_half, plan, options = _cuda_launch_config(n_q_heads, n_kv_heads, head_dim, backward,
-                                                                            interleaved)
-        plane_masks = "cuda" in PLANE_MASK_BACKENDS
-    else:
+    if not q.is_cuda:
         require_launchable(q.device)
-        block_qh, block_kh, block_half, plan = _launch_config(q.device.type, n_q_heads, n_kv_heads, head_dim,
-                                                              backward, interleaved)
-        options = plan.launch_options()
-        plane_masks = q.device.type in PLANE_MASK_BACKENDS
+    block_qh, block_kh, block_half, plan, options = _launch_config(q.device.type, n_q_heads, n_kv_heads, head_dim,
+                                                                   backward, interleaved)
+    plane_masks = q.device.type in PLANE_MASK_BACKENDS
     q_sb, q_ss, q_sh = q_strides
     k_sb, k_ss, k_sh = k_strides
     t_sp, t_sb, t_ss = table_strides
@@ -225,5 +212,5 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torc
 def head_tiles(device_type: str, n_q_heads: int, n_kv_heads: int, head_dim: int,
                backward: bool = False, interleaved: bool = False) -> Tuple[int, int]:
     """(BLOCK_QH, BLOCK_KH) the launcher would use (tests and benchmarks read it)."""
-    block_qh, block_kh, _, _ = _launch_config(device_type, n_q_heads, n_kv_heads, head_dim, backward, interleaved)
+    block_qh, block_kh, *_ = _launch_config(device_type, n_q_heads, n_kv_heads, head_dim, backward, interleaved)
     return block_qh, block_kh

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tiling import TileRequest, memoised_on_cuda, plan_launch
+from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, grid_stride, launched_kernel, program_start,
                      require_launchable)
 
@@ -191,6 +191,12 @@ def _scale_rows_kernel(grad_ptr, scale_ptr, n_rows, n_cols, n_elements, grad_str
                 tl.store(grad_ptr + offsets, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
 
 
+@memoised_plan
+def _scale_plan(device_type: str, n_cols: int):
+    """Tiles of ``_scale_rows_kernel`` over rows of ``n_cols`` (see SCALE_MEMORY_MULTIPLIER)."""
+    return plan_launch(device_type, TileRequest(SCALE_MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE))
+
+
 def scale_in_place(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``grad *= scale`` for a contiguous ``grad`` and a 0-d ``scale`` or one per row of a 2-D ``grad``, skipping
     the work (decided on the device, no sync) where the scale is exactly 1. Returns ``grad``."""
@@ -200,8 +206,7 @@ def scale_in_place(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("scale_in_place: the gradient must be contiguous")
     require_launchable(grad.device)
     if scale.dim() == 0:  # one scale: rows of one block each over the flat gradient, so every program has work
-        plan = plan_launch(grad.device.type, TileRequest(SCALE_MEMORY_MULTIPLIER, ((grad.numel(),),), (0,),
-                                                         COMPUTE_DTYPE_SIZE))
+        plan = _scale_plan(grad.device.type, grad.numel())
         n_cols = plan.block
         n_rows, row_stride, scale_stride = cdiv(grad.numel(), n_cols), n_cols, 0
     else:
@@ -209,8 +214,7 @@ def scale_in_place(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"scale must be 0-d or have one entry per row of a 2-D gradient, got {tuple(scale.shape)} "
                              f"for {tuple(grad.shape)}")
         n_rows, n_cols = grad.shape
-        plan = plan_launch(grad.device.type, TileRequest(SCALE_MEMORY_MULTIPLIER, ((n_cols,),), (0,),
-                                                         COMPUTE_DTYPE_SIZE))
+        plan = _scale_plan(grad.device.type, n_cols)
         row_stride, scale = n_cols, scale.contiguous()
         scale_stride = 1
     # Tiles: see SCALE_MEMORY_MULTIPLIER above.
@@ -316,7 +320,7 @@ def reduce_rows(row_losses: torch.Tensor, scale: torch.Tensor, reduction: str) -
     return total * scale if reduction == "mean" else total
 
 
-@memoised_on_cuda
+@memoised_plan
 def _rows_plan(device_type: str, n_cols: int, compute_grad: bool):
     """BLOCK_V plan of the cross-entropy kernel (see the memory multipliers and CUDA tiles above)."""
     multiplier, cuda_block, cuda_warps = ((GRAD_MEMORY_MULTIPLIER, CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS) if compute_grad
@@ -325,7 +329,7 @@ def _rows_plan(device_type: str, n_cols: int, compute_grad: bool):
                                                 cuda_max_block=cuda_block, cuda_num_warps=cuda_warps))
 
 
-@memoised_on_cuda
+@memoised_plan
 def _target_stats_plan(device_type: str, n_targets: int):
     """BLOCK plan of the target-statistics kernel (see TARGET_STATS_MEMORY_MULTIPLIER above)."""
     return plan_launch(device_type, TileRequest(TARGET_STATS_MEMORY_MULTIPLIER, ((max(n_targets, 1),),), (0,),

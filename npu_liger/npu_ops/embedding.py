@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tiling import TileRequest, memoised_on_cuda, plan_launch
+from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, flat, grid_stride, interpreter_enabled,
                      launched_kernel, program_start, require_launchable)
 
@@ -265,7 +265,7 @@ def check_index_range(indices: torch.Tensor, num_embeddings: int, flag=None) -> 
                          f"indices must be in [0, {num_embeddings}) (got values from {low} to {high})")
 
 
-@memoised_on_cuda
+@memoised_plan
 def _token_plan(device_type: str, tokens: int, dim: int, memory_multiplier: float = FORWARD_MEMORY_MULTIPLIER):
     """(BLOCK_N, BLOCK_D) plan: D tiled first, then as many tokens as fit beside one column block. ``tokens``:
     the token count rounded up to a power of two (so the CUDA memo holds one plan per power)."""
@@ -274,7 +274,7 @@ def _token_plan(device_type: str, tokens: int, dim: int, memory_multiplier: floa
     return plan_launch(device_type, request)
 
 
-@memoised_on_cuda
+@memoised_plan
 def _backward_plan(device_type: str, dim: int, long_runs: bool = False):
     """(RUN_BLOCK, BLOCK_D) plan of the backward kernel, or of the long-run kernel."""
     run_block = LONG_RUN_BLOCK if long_runs else CUDA_RUN_BLOCK if device_type == "cuda" else RUN_BLOCK

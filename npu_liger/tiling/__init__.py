@@ -2,7 +2,7 @@
 Knows nothing of any op."""
 
 from .chips import ASCEND_CHIPS, AscendChip, emulated_chip, get_chip
-from .launch import LaunchPlan, PlanRecord, TileRequest, memoised_on_cuda, plan_launch, record_plans
+from .launch import LaunchPlan, PlanRecord, TileRequest, memoised_plan, plan_launch, record_plans
 from .ub_manager import UBManager, compute_default_tiling_strategy, get_ub_manager, next_power_of_2, reset_ub_manager
 
 __all__ = [
@@ -16,7 +16,7 @@ __all__ = [
     "emulated_chip",
     "get_chip",
     "get_ub_manager",
-    "memoised_on_cuda",
+    "memoised_plan",
     "next_power_of_2",
     "plan_launch",
     "record_plans",
