@@ -17,7 +17,7 @@ import npu_liger.npu_ops.swiglu as swiglu_kernels
 from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiled_forward_backward,
                        assert_compiles_without_recompiles, assert_no_alias, assert_unchanged, randn, run_opcheck,
                        snapshot)
-from npu_liger.npu_ops._gated import elementwise_request
+from npu_liger.npu_ops._triton import flat_plan
 
 
 @dataclass(frozen=True)
@@ -119,9 +119,9 @@ def test_persistent_grid_strides_over_many_blocks(gop, small_ub):
     """A 4 KiB UB gives 128-element forward / 64-element backward blocks, so with 40 programs each program
     loops over several blocks."""
     small_ub(4096)
-    plan = npu_liger.tiling.plan_launch("cpu", elementwise_request(100_000, gop.kernels.FORWARD_MEMORY_MULTIPLIER))
+    plan = flat_plan("cpu", 100_000, gop.kernels.FORWARD_MEMORY_MULTIPLIER)
     assert plan.block == 128 and plan.max_programs == 40
-    plan = npu_liger.tiling.plan_launch("cpu", elementwise_request(100_000, gop.kernels.BACKWARD_MEMORY_MULTIPLIER))
+    plan = flat_plan("cpu", 100_000, gop.kernels.BACKWARD_MEMORY_MULTIPLIER)
     assert plan.block == 64
     check_forward_backward(gop, randn((3, 33_333), torch.float32, scale=2.0), randn((3, 33_333), torch.float32))
     check_forward_backward(gop, randn((5, 2049), torch.bfloat16, scale=2.0), randn((5, 2049), torch.bfloat16))

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import npu_liger
 import npu_liger.npu_ops.tvd as tvd_kernels
+from npu_liger.npu_ops._triton import flat_plan
 from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
                        assert_unchanged, randn, run_opcheck, snapshot)
 from checklist import assert_compiled_forward_backward
@@ -221,8 +222,8 @@ def test_persistent_grid_strides_over_rows_and_vocab_tiles(small_ub):
     over 40 programs take up to 3 row iterations per program."""
     small_ub(4096)
     n_rows, n_cols = 85, 520
-    fwd = npu_liger.tiling.plan_launch("cpu", tvd_kernels._request(n_cols, tvd_kernels.FORWARD_MEMORY_MULTIPLIER))
-    bwd = npu_liger.tiling.plan_launch("cpu", tvd_kernels._request(n_cols, tvd_kernels.BACKWARD_MEMORY_MULTIPLIER))
+    fwd = flat_plan("cpu", n_cols, tvd_kernels.FORWARD_MEMORY_MULTIPLIER)
+    bwd = flat_plan("cpu", n_cols, tvd_kernels.BACKWARD_MEMORY_MULTIPLIER)
     assert fwd.block == 128 and bwd.block == 128 and fwd.block * 4 < n_cols
     assert fwd.grid(n_rows) == 40 < n_rows
     for reduction in REDUCTIONS:

@@ -11,8 +11,7 @@ from typing import Tuple
 
 import torch
 
-from ..tiling import TileRequest, memoised_plan, plan_launch
-from ._triton import COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, check_same_layout, flat, require_launchable
+from ._triton import cdiv, check_float_tensor, check_same_layout, flat, flat_plan, require_launchable
 
 
 
@@ -22,16 +21,6 @@ def check_gated_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
     check_same_layout("b", b, "a", a)
 
 
-def elementwise_request(n_elements: int, memory_multiplier: float) -> TileRequest:
-    """shapes ((n_elements,),), tiling_dims (0,): the flat tensor is tiled, no fixed dims (unit_param 1)."""
-    return TileRequest(memory_multiplier, ((n_elements,),), (0,), COMPUTE_DTYPE_SIZE)
-
-
-@memoised_plan
-def elementwise_plan(device_type: str, n_elements: int, memory_multiplier: float):
-    return plan_launch(device_type, elementwise_request(n_elements, memory_multiplier))
-
-
 def gated_forward(kernel, a: torch.Tensor, b: torch.Tensor, memory_multiplier: float) -> torch.Tensor:
     check_gated_inputs(a, b)
     c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
@@ -39,7 +28,7 @@ def gated_forward(kernel, a: torch.Tensor, b: torch.Tensor, memory_multiplier: f
     if n == 0:
         return c
     require_launchable(a.device)
-    plan = elementwise_plan(a.device.type, n, memory_multiplier)
+    plan = flat_plan(a.device.type, n, memory_multiplier)  # the flat tensor is tiled
     kernel[(plan.grid(cdiv(n, plan.block)),)](
         flat(a), flat(b), c.view(-1), n, BLOCK=plan.block, **plan.launch_options()
     )
@@ -57,7 +46,7 @@ def gated_backward(kernel, grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     if n == 0:
         return grad_a, grad_b
     require_launchable(a.device)
-    plan = elementwise_plan(a.device.type, n, memory_multiplier)
+    plan = flat_plan(a.device.type, n, memory_multiplier)
     kernel[(plan.grid(cdiv(n, plan.block)),)](
         flat(grad_c), flat(a), flat(b), grad_a.view(-1), grad_b.view(-1), n, BLOCK=plan.block,
         **plan.launch_options()

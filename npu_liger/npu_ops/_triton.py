@@ -22,9 +22,18 @@ import torch
 import triton
 import triton.language as tl
 
+from ..tiling import TileRequest, memoised_plan, plan_launch
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # All kernel arithmetic is fp32, so every TileRequest sizes its tiles in fp32 elements.
 COMPUTE_DTYPE_SIZE = 4
+
+
+@memoised_plan
+def flat_plan(device_type: str, n: int, memory_multiplier: float):
+    """The plan of a kernel that tiles one dimension of ``n`` elements (a flat tensor, or one row at a time):
+    request ((n,),) tiled on dim 0, no fixed dims. BLOCK = ``plan.block``."""
+    return plan_launch(device_type, TileRequest(memory_multiplier, ((n,),), (0,), COMPUTE_DTYPE_SIZE))
 
 
 @triton.jit

@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
-from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, grid_stride, launched_kernel, program_start,
-                     require_launchable)
+from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, flat_plan, grid_stride, launched_kernel,
+                     program_start, require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean")
 TARGET_DTYPES = (torch.int32, torch.int64)
@@ -191,12 +191,6 @@ def _scale_rows_kernel(grad_ptr, scale_ptr, n_rows, n_cols, n_elements, grad_str
                 tl.store(grad_ptr + offsets, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
 
 
-@memoised_plan
-def _scale_plan(device_type: str, n_cols: int):
-    """Tiles of ``_scale_rows_kernel`` over rows of ``n_cols`` (see SCALE_MEMORY_MULTIPLIER)."""
-    return plan_launch(device_type, TileRequest(SCALE_MEMORY_MULTIPLIER, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE))
-
-
 def scale_in_place(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``grad *= scale`` for a contiguous ``grad`` and a 0-d ``scale`` or one per row of a 2-D ``grad``, skipping
     the work (decided on the device, no sync) where the scale is exactly 1. Returns ``grad``."""
@@ -206,7 +200,7 @@ def scale_in_place(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("scale_in_place: the gradient must be contiguous")
     require_launchable(grad.device)
     if scale.dim() == 0:  # one scale: rows of one block each over the flat gradient, so every program has work
-        plan = _scale_plan(grad.device.type, grad.numel())
+        plan = flat_plan(grad.device.type, grad.numel(), SCALE_MEMORY_MULTIPLIER)
         n_cols = plan.block
         n_rows, row_stride, scale_stride = cdiv(grad.numel(), n_cols), n_cols, 0
     else:
@@ -214,7 +208,7 @@ def scale_in_place(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"scale must be 0-d or have one entry per row of a 2-D gradient, got {tuple(scale.shape)} "
                              f"for {tuple(grad.shape)}")
         n_rows, n_cols = grad.shape
-        plan = _scale_plan(grad.device.type, n_cols)
+        plan = flat_plan(grad.device.type, n_cols, SCALE_MEMORY_MULTIPLIER)
         row_stride, scale = n_cols, scale.contiguous()
         scale_stride = 1
     # Tiles: see SCALE_MEMORY_MULTIPLIER above.
@@ -293,7 +287,8 @@ def target_scale(target: torch.Tensor, ignore_index: int, reduction: str, n_cols
     scale = torch.empty((), dtype=torch.float32, device=target.device)
     ok = torch.empty((), dtype=torch.int32, device=target.device)
     require_launchable(target.device)
-    plan = _target_stats_plan(target.device.type, target.numel())  # one program: a fixed-order count, no atomics
+    # one program: a fixed-order count, no atomics (tiles: see TARGET_STATS_MEMORY_MULTIPLIER above)
+    plan = flat_plan(target.device.type, max(target.numel(), 1), TARGET_STATS_MEMORY_MULTIPLIER)
     _target_stats_kernel[(1,)](target, scale, ok, target.numel(), n_cols, target.stride(0), ignore_index,
                                MEAN=reduction == "mean", BLOCK=plan.block, **plan.launch_options())
     report_bad_targets(ok, target, ignore_index, n_cols)
@@ -327,13 +322,6 @@ def _rows_plan(device_type: str, n_cols: int, compute_grad: bool):
                                           else (MEMORY_MULTIPLIER, CUDA_BLOCK, CUDA_WARPS))
     return plan_launch(device_type, TileRequest(multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
                                                 cuda_max_block=cuda_block, cuda_num_warps=cuda_warps))
-
-
-@memoised_plan
-def _target_stats_plan(device_type: str, n_targets: int):
-    """BLOCK plan of the target-statistics kernel (see TARGET_STATS_MEMORY_MULTIPLIER above)."""
-    return plan_launch(device_type, TileRequest(TARGET_STATS_MEMORY_MULTIPLIER, ((max(n_targets, 1),),), (0,),
-                                                COMPUTE_DTYPE_SIZE))
 
 
 def launch_rows(logits: torch.Tensor, target: torch.Tensor, row_losses: torch.Tensor, grad: Optional[torch.Tensor],

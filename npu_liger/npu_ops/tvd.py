@@ -40,8 +40,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 import triton.language as tl
 
-from ..tiling import TileRequest, memoised_plan, plan_launch
-from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, grid_stride, launched_kernel, program_start,
+from ._triton import (cdiv, check_float_tensor, flat_plan, grid_stride, launched_kernel, program_start,
                      require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
@@ -228,15 +227,6 @@ def check_tvd_grad(grad_out: torch.Tensor, shape: torch.Size, device: torch.devi
         raise RuntimeError(f"grad_out must be on the device of p ({device}), got {grad_out.device}")
 
 
-def _request(n_cols: int, memory_multiplier: float) -> TileRequest:
-    return TileRequest(memory_multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE)
-
-
-@memoised_plan
-def _plan(device_type: str, n_cols: int, memory_multiplier: float):
-    return plan_launch(device_type, _request(n_cols, memory_multiplier))
-
-
 def _divisor(shift_labels: Optional[torch.Tensor], reduction: str, ignore_index: int, n_rows: int,
              n_cols: int) -> Union[int, torch.Tensor]:
     """What the summed loss is divided by: a Python int without labels, else a device tensor (no sync).
@@ -287,7 +277,7 @@ def tvd_forward(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.T
         any_fp32 = torch.float32 in (p.dtype, q.dtype)
         multiplier = (FORWARD_CODES_MEMORY_MULTIPLIER if save_codes else
                       FORWARD_MEMORY_MULTIPLIER_FP32 if any_fp32 else FORWARD_MEMORY_MULTIPLIER)
-        plan = _plan(p.device.type, n_cols, multiplier)
+        plan = flat_plan(p.device.type, n_cols, multiplier)  # one row at a time
         quarter = _quarter(plan.block)
         codes = row_sums  # never written: SAVE_CODES is off
         if save_codes:
@@ -324,7 +314,7 @@ def tvd_backward_from_codes(grad_out: torch.Tensor, saved: TvdCodes, n_rows: int
     else:
         grad = grad_out.to(torch.float32) / saved.divisor
         grad_strides = (0, 0)
-    plan = _plan(device.type, n_cols, BACKWARD_MEMORY_MULTIPLIER)
+    plan = flat_plan(device.type, n_cols, BACKWARD_MEMORY_MULTIPLIER)
     code_bytes = min(saved.quarter, _quarter(plan.block))  # powers of two: divides QUARTER
     tiles_per_row = codes.stride(0) // code_bytes
     n_tasks = n_rows * tiles_per_row
@@ -352,7 +342,7 @@ def tvd_backward(grad_out: torch.Tensor, p: torch.Tensor, q: torch.Tensor, shift
     else:
         grad = grad_out.to(torch.float32) / _divisor(shift_labels, reduction, ignore_index, n_rows, n_cols)
         grad_strides = (0, 0)
-    plan = _plan(p.device.type, n_cols, BACKWARD_MEMORY_MULTIPLIER)
+    plan = flat_plan(p.device.type, n_cols, BACKWARD_MEMORY_MULTIPLIER)
     labels, labels_stride = _labels_args(shift_labels, p)
     _tvd_bwd_kernel[(plan.grid(n_rows),)](
         grad, p, q, labels, grad_p, grad_q, n_rows, n_cols, *grad_strides, p.stride(0), p.stride(1),
