@@ -178,6 +178,11 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
 
         row["fb_ms"] = timer(fb)
 
+        if device == "cuda":  # the same calls with the host out of the picture: a host-bound row shows here
+            stage = "kernel time"
+            row["fwd_kernel_ms"] = kernel_ms(fwd)
+            row["fb_kernel_ms"] = kernel_ms(fb)
+
         if device == "cuda":  # one forward+backward's peak beyond what was allocated before (the inputs)
             stage = "peak memory"
             inp = next(cycle)
@@ -200,6 +205,22 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
         if device == "cuda":
             torch.cuda.empty_cache()
     return row
+
+
+def kernel_ms(fn: Callable[[], object], calls: int = 10) -> float:
+    """Milliseconds of device work per call of ``fn``: the durations of the kernels (and memsets/copies) it
+    launches, from torch.profiler's CUDA activity, summed and divided by ``calls``. Gaps between kernels are
+    not counted, so against the timer's wall time this tells a row bound by its kernels from one bound by the
+    host's launching (per-call Python, autograd), which no kernel change can fix."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync("cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        sync("cuda")
+    return sum(e.self_device_time_total for e in prof.key_averages()) / calls / 1e3
 
 
 def _gen(device: str, seed: int) -> torch.Generator:

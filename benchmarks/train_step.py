@@ -186,6 +186,32 @@ def synchronize(device) -> None:
         torch.npu.synchronize()
 
 
+class StepMarks:
+    """Marks between timed steps: device events on an accelerator (recorded on the stream, so the host does not
+    wait and the steps overlap as they do unmarked), the host clock on the CPU. ``intervals_ms`` after the final
+    synchronisation: one time per step, which shows whether a slow mean is every step or one stall."""
+
+    def __init__(self, device):
+        import torch
+
+        self._events = {"cuda": getattr(torch, "cuda", None), "npu": getattr(torch, "npu", None)}.get(device.type)
+        self._marks = []
+
+    def mark(self) -> None:
+        if self._events is None:
+            self._marks.append(time.perf_counter())
+        else:
+            event = self._events.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
+
+    def intervals_ms(self) -> list:
+        pairs = zip(self._marks, self._marks[1:])
+        if self._events is None:
+            return [round((b - a) * 1e3, 2) for a, b in pairs]
+        return [round(a.elapsed_time(b), 2) for a, b in pairs]
+
+
 def peak_gib(device) -> Optional[float]:
     import torch
 
@@ -231,14 +257,18 @@ def run_variant(job: dict) -> dict:
         step(i)
     synchronize(device)
     warmup_s = time.perf_counter() - started
+    marks = StepMarks(device)  # per-step times, without a synchronisation between steps
     start = time.perf_counter()
+    marks.mark()
     for i in range(job["steps"]):
         loss = step(job["warmup"] + i)
+        marks.mark()
     synchronize(device)
     elapsed = time.perf_counter() - start
     tokens = job["steps"] * size["batch"] * size["seq"]
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values()) if variant.compiled else None
-    return dict(device=device.type, tokens_per_s=tokens / elapsed, step_ms=elapsed / job["steps"] * 1e3, peak_gib=peak_gib(device),
+    return dict(device=device.type, tokens_per_s=tokens / elapsed, step_ms=elapsed / job["steps"] * 1e3,
+                step_ms_each=marks.intervals_ms(), peak_gib=peak_gib(device),
                 first_loss=first_loss, last_loss=loss.item(), warmup_s=warmup_s, graph_breaks=breaks, note=note)
 
 
@@ -370,6 +400,13 @@ def _baseline(row, rows):
                  and "tokens_per_s" in r), None)
 
 
+def step_ms_text(row) -> str:
+    """Mean ms per step, with the fastest and slowest step when they were recorded: "77.1 (75-80)"."""
+    each = row.get("step_ms_each") or []
+    spread = f" ({min(each):.0f}-{max(each):.0f})" if len(each) > 1 else ""
+    return f"{row['step_ms']:.1f}{spread}"
+
+
 def format_row(row, rows) -> str:
     head = f"{row['family']:>6} {row['variant']:<19}"
     if "skipped" in row:
@@ -377,7 +414,7 @@ def format_row(row, rows) -> str:
     if "error" in row:
         return f"{head} FAILED: {row['error']}"
     peak = "" if row["peak_gib"] is None else f"  peak {row['peak_gib']:6.2f} GiB"
-    return (f"{head} {row['tokens_per_s']:11,.0f} tokens/s  {row['step_ms']:9.2f} ms/step{peak}  "
+    return (f"{head} {row['tokens_per_s']:11,.0f} tokens/s  {step_ms_text(row)} ms/step{peak}  "
             f"first loss {row['first_loss']:.5f}  ({row['wall_s']:.0f} s)")
 
 
@@ -401,7 +438,8 @@ def markdown(meta, rows) -> str:
         f"{meta['warmup']} warm-up + {meta['steps']} timed steps; torch.compile backend {meta['compile_backend']} "
         f"over the {'whole model' if meta['compile_scope'] == 'model' else 'decoder layers'}.",
         "",
-        "| family | variant | tokens/s | vs HF eager | ms/step | peak GiB | first loss | vs eager | warm-up s | note |",
+        "| family | variant | tokens/s | vs HF eager | ms/step (fastest-slowest step) | peak GiB | first loss "
+        "| vs eager | warm-up s | note |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -416,7 +454,7 @@ def markdown(meta, rows) -> str:
         if row.get("graph_breaks") is not None:
             note = f"graph breaks: {row['graph_breaks']}" + (f"; {note}" if note else "")
         lines.append(f"| {row['family']} | {row['variant']} | {row['tokens_per_s']:,.0f} | {ratio} | "
-                     f"{row['step_ms']:.1f} | {peak} | {row['first_loss']:.4f} | {loss_check(row, rows)} | "
+                     f"{step_ms_text(row)} | {peak} | {row['first_loss']:.4f} | {loss_check(row, rows)} | "
                      f"{row['warmup_s']:.0f} | {note} |")
     return "\n".join(lines) + "\n"
 
