@@ -386,6 +386,10 @@ def test_cuda_plan_keeps_whole_rows_and_caps_the_backward_grid(monkeypatch):
         # the norms' plan: whole rows up to 16384 on CUDA; narrow rows several per program
         wide = plan_rows("cuda", 16384, 8192, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
         assert wide.whole_row and wide.block_rows == 1 and wide.grid == 264 and wide.options == {"num_warps": 16}
+        # narrow rows (Qwen3's q/k norm over head_dim 128) need more programs in flight: 8 per SM, not 2
+        narrow = plan_rows("cuda", 4 * 2048 * 16, 128, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
+        assert narrow.whole_row and narrow.grid == 8 * 132
+        assert plan_rows("cuda", 32768, 2048, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True).grid == 264
         assert wide.prefetch and not plan_rows("cuda", 16384, 8192, 4.0, False).prefetch
         assert plan_rows("cuda", 32768, 4096, rms_kernels.BACKWARD_MEMORY_MULTIPLIER, True).options == {"num_warps": 4}
         # each forward kernel's measured wide-row tiles, weight (and bias) loaded per tile

@@ -9,7 +9,7 @@ A norm reduces over the last dim of x viewed as (n_rows, n_cols). Two kernel pat
 Backward kernels produce the weight (and bias) gradient without atomics: each program accumulates its rows'
 share in fp32 and writes one row of a (programs, n_cols) buffer; the host sums that buffer over programs (a
 fixed-order reduction, so results are deterministic). The grid is therefore persistent on every backend: the
-vector cores on Ascend, ``CUDA_PROGRAMS_PER_SM`` programs per SM on CUDA.
+vector cores on Ascend, ``cuda_programs_per_sm(n_cols)`` programs per SM on CUDA.
 """
 
 from __future__ import annotations
@@ -27,9 +27,21 @@ from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor
 # CUDA keeps rows up to this many elements whole in one program (registers, 8-16 warps): one read of x per
 # norm instead of one per pass. Wider rows loop as on Ascend.
 CUDA_WHOLE_ROW_MAX = 16384
-# CUDA backward grid: enough resident programs to hide latency, few enough that the (programs, n_cols) fp32
-# weight-gradient buffer stays small (264 x 8192 x 4 B = 8.6 MB on an H200).
-CUDA_PROGRAMS_PER_SM = 2
+# CUDA backward grid (persistent), in programs per SM by row width: enough resident programs to hide memory
+# latency, few enough that the (programs, n_cols) fp32 weight-gradient buffer stays small (on an H200
+# 264 x 8192 x 4 B = 8.6 MB at 8192 columns, at most 1056 x 1024 x 4 B = 4.3 MB for narrow rows). Measured
+# there, bf16, backward alone, 2 against 8 per SM: narrow rows starve at 2 (a few rows of 128-1024 columns per
+# tile leave too few loads in flight): rms_norm 131072x128 (Qwen3's q norm) 61 -> 37 us, 524288x128
+# 210 -> 110 us (0.45 -> 0.87 of copy), 65536x256 63 -> 42 us, 32768x1024 100 -> 73 us; layer_norm
+# 74 -> 61, 242 -> 169, 79 -> 75, 116 -> 89 us. From 4096 columns 2 is best (rms_norm 8192x4096 60 us
+# against 69 at 8, 16384x8192 214 against 230). 2048 columns were not measured and keep 2.
+CUDA_NARROW_ROWS_MAX = 1024
+CUDA_PROGRAMS_PER_SM = {"narrow": 8, "wide": 2}
+
+
+def cuda_programs_per_sm(n_cols: int) -> int:
+    """Programs per SM of a CUDA backward norm kernel's persistent grid (see above)."""
+    return CUDA_PROGRAMS_PER_SM["narrow" if n_cols <= CUDA_NARROW_ROWS_MAX else "wide"]
 
 
 class CudaWideRows(NamedTuple):
@@ -75,7 +87,7 @@ def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: flo
     too. Two requests: the columns first (does a whole row fit?), then how many whole rows fit one tile.
     ``cuda_wide_rows``: the kernel's CUDA tiles for wide rows (the entry with the largest ``min_cols`` the row
     reaches applies)."""
-    cuda = {"cuda_programs_per_sm": CUDA_PROGRAMS_PER_SM} if persistent else {}
+    cuda = {"cuda_programs_per_sm": cuda_programs_per_sm(n_cols)} if persistent else {}
     cols = plan_launch(device_type, TileRequest(memory_multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
                                                 cuda_max_block=CUDA_WHOLE_ROW_MAX, **cuda))
     block_cols = cols.block
