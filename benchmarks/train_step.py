@@ -486,9 +486,11 @@ def plot(rows, path) -> None:
         if all(r[key] is None for r in done):
             ax.set_title(f"not measured on {done[0].get('device', 'this device')}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    # one legend below both panels: inside, it covers the bars of the last family
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(variants), fontsize=8, frameon=False)
     fig.suptitle("training step: tokens/s and peak memory")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
