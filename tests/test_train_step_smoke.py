@@ -49,6 +49,10 @@ def test_smoke_run(tmp_path):
     by = {r["variant"]: r for r in rows}
     eager = by["hf_eager"]
     assert eager["tokens_per_s"] > 0 and eager["step_ms"] > 0
+    # one time per timed step (smoke: 2), which together account for the timed span (the host clock on CPU)
+    each = eager["step_ms_each"]
+    assert len(each) == 2 and all(t > 0 for t in each)
+    assert sum(each) == pytest.approx(2 * eager["step_ms"], rel=0.2)
     for variant in ("npu_liger", "npu_liger_compiled"):
         row = by[variant]
         # fp32, same seed and batches: the first loss (forward only) and the loss after 3 AdamW updates (so the
