@@ -11,7 +11,7 @@ from typing import Tuple
 
 import torch
 
-from ._triton import cdiv, check_float_tensor, check_same_layout, flat, flat_plan, require_launchable
+from ._triton import cdiv, check_float_tensor, check_same_layout, flat, flat_plan, new_like, require_launchable
 
 
 
@@ -23,7 +23,7 @@ def check_gated_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
 
 def gated_forward(kernel, a: torch.Tensor, b: torch.Tensor, memory_multiplier: float) -> torch.Tensor:
     check_gated_inputs(a, b)
-    c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    c = new_like(a)
     n = a.numel()
     if n == 0:
         return c
@@ -40,8 +40,7 @@ def gated_backward(kernel, grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     check_gated_inputs(a, b)
     check_float_tensor("grad_c", grad_c)
     check_same_layout("grad_c", grad_c, "a", a)
-    grad_a = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    grad_b = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    grad_a, grad_b = new_like(a), new_like(a)
     n = a.numel()
     if n == 0:
         return grad_a, grad_b

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, flat_plan, grid_stride, launched_kernel,
-                     program_start, require_launchable)
+                     new_like, program_start, require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean")
 TARGET_DTYPES = (torch.int32, torch.int64)
@@ -364,8 +364,7 @@ def cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     n_rows, n_cols = logits.shape
     scale = target_scale(target, ignore_index, reduction, n_cols)
     row_losses = torch.empty((n_rows,), dtype=torch.float32, device=logits.device)  # the kernel writes every row
-    shape = (n_rows, n_cols) if compute_grad else (0,)
-    grad = torch.empty(shape, dtype=logits.dtype, device=logits.device)
+    grad = new_like(logits) if compute_grad else logits.new_empty((0,))
     launch_rows(logits, target, row_losses, grad if compute_grad else None, scale, ignore_index, label_smoothing,
                 softcap, lse_square_scale)
     return reduce_rows(row_losses, scale, reduction), grad

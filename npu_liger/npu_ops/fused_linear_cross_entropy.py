@@ -43,7 +43,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._triton import check_float_tensor
+from ._triton import check_float_tensor, new_like
 from .cross_entropy import check_cross_entropy_args, launch_rows, reduce_rows, target_scale
 
 CHUNK_ROWS_ENV = "NPU_LIGER_FLCE_CHUNK_ROWS"
@@ -142,8 +142,8 @@ def fused_linear_cross_entropy_forward(x: torch.Tensor, weight: torch.Tensor, ta
     grad_bias = grad_bias and bias is not None
     scale = target_scale(target, ignore_index, reduction, vocab)
     row_losses = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
-    gx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if grad_x else None
-    gw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if grad_weight else None
+    gx = new_like(x) if grad_x else None
+    gw = new_like(weight) if grad_weight else None
     gb32 = torch.zeros((vocab,), dtype=torch.float32, device=x.device) if grad_bias else None
     _run_chunks(x, weight, target, bias, ignore_index, label_smoothing, softcap, lse_square_scale, scale, row_losses,
                 gx, gw, gb32)
@@ -166,8 +166,8 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
     grad_bias = grad_bias and bias is not None
     scale = grad_loss.to(torch.float32).contiguous()
     row_losses = torch.empty((x.shape[0],), dtype=torch.float32, device=x.device)  # recomputed, unused
-    gx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if grad_x else None
-    gw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if grad_weight else None
+    gx = new_like(x) if grad_x else None
+    gw = new_like(weight) if grad_weight else None
     gb32 = torch.zeros((weight.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
     _run_chunks(x, weight, target, bias, ignore_index, label_smoothing, softcap, lse_square_scale, scale, row_losses,
                 gx, gw, gb32)

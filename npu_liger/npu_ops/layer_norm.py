@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_tile,
                     plan_rows)
-from ._triton import grid_stride, launched_kernel, program_start, require_launchable
+from ._triton import grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 FORWARD_MEMORY_MULTIPLIER = 5.0
 BACKWARD_MEMORY_MULTIPLIER = 8.0
@@ -199,7 +199,7 @@ def check_layer_norm_inputs(x: torch.Tensor, weight: Optional[torch.Tensor], bia
 def layer_norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                        eps: float = 1e-5) -> torch.Tensor:
     check_layer_norm_inputs(x, weight, bias, eps)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = new_like(x)
     if x.numel() == 0:
         return y
     require_launchable(x.device)
@@ -224,7 +224,7 @@ def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optiona
     check_layer_norm_inputs(x, weight, bias, eps)
     check_grad("grad_out", grad_out, x.shape, x.dtype, x.device)
     n_cols = x.shape[-1]
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = new_like(x)
     w_dtype = weight.dtype if weight is not None else x.dtype
     b_dtype = bias.dtype if bias is not None else x.dtype
     if x.numel() == 0:  # no rows: parameter gradients are sums over nothing

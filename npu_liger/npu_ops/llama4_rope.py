@@ -19,6 +19,7 @@ from typing import Sequence, Tuple
 import torch
 
 from ._rotary import check_qk, rotate_qk
+from ._triton import new_like
 
 FREQS_DTYPE = torch.complex64
 
@@ -46,7 +47,7 @@ def check_llama4_inputs(q: torch.Tensor, k: torch.Tensor, freqs_cis: torch.Tenso
 
 def new_llama4_output(x: torch.Tensor) -> torch.Tensor:
     """A new contiguous tensor of x's shape and dtype (metadata only: fakes call it too)."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return new_like(x)
 
 
 def launch_llama4(q, k, freqs_cis, *, backward: bool) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_tile,
                     plan_rows)
-from ._triton import check_same_layout, grid_stride, launched_kernel, program_start, require_launchable
+from ._triton import check_same_layout, grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 CASTING_MODES = {"llama": 0, "gemma": 1, "none": 2}
 LLAMA: tl.constexpr = tl.constexpr(0)
@@ -234,7 +234,7 @@ def check_rms_norm_inputs(x: torch.Tensor, weight: torch.Tensor, eps, offset, ca
 
 
 def _forward(x, residual, weight, eps, offset, casting_mode):
-    y = torch.empty(x.shape, dtype=rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode), device=x.device)
+    y = new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode))
     s = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     if x.numel() == 0:
         return y, s
@@ -256,7 +256,7 @@ def _forward(x, residual, weight, eps, offset, casting_mode):
 
 
 def _backward(dy, x, weight, ds, eps, offset, casting_mode):
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = new_like(x)
     n_cols = x.shape[-1]
     if x.numel() == 0:  # no rows: the weight gradient is a sum over nothing
         return dx, torch.zeros(weight.shape, dtype=weight.dtype, device=x.device)

@@ -40,7 +40,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 import triton.language as tl
 
-from ._triton import (cdiv, check_float_tensor, flat_plan, grid_stride, launched_kernel, program_start,
+from ._triton import (cdiv, check_float_tensor, flat_plan, grid_stride, launched_kernel, new_like, program_start,
                      require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
@@ -331,8 +331,7 @@ def tvd_backward(grad_out: torch.Tensor, p: torch.Tensor, q: torch.Tensor, shift
     check_tvd_inputs(p, q, shift_labels, reduction, ignore_index)
     check_tvd_grad(grad_out, p.shape, p.device, reduction, loss_dtype(p, q))
     n_rows, n_cols = p.shape
-    grad_p = torch.empty((n_rows, n_cols), dtype=p.dtype, device=p.device)
-    grad_q = torch.empty((n_rows, n_cols), dtype=q.dtype, device=p.device)
+    grad_p, grad_q = new_like(p), new_like(p, q.dtype)
     if p.numel() == 0:
         return grad_p, grad_q
     require_launchable(p.device)
