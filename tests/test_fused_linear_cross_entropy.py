@@ -173,13 +173,8 @@ def check(x, weight, target, bias=None, ignore_index=-100, reduction="mean", lab
             if got is not None:
                 assert got.dtype == x.dtype and got.shape == ref_leaf.shape
                 what = f"grad_{name} ({reduction}, {which})"
-                if name in rounding_sizes:
-                    assert_rounded_grad_close(got, ref_leaf.grad, lp_leaf.grad, rounding_sizes[name], what,
-                                              floors[name])
-                elif got.dtype == torch.float32:
-                    assert_fp32_close(got, ref_leaf.grad, floors[name], what)
-                else:
-                    assert_close(got, ref_leaf.grad, lp_leaf.grad, what=what)
+                assert_rounded_grad_close(got, ref_leaf.grad, lp_leaf.grad, rounding_sizes[name], what,
+                                          floors[name])
     return unit_loss
 
 
