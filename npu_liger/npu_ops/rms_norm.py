@@ -235,7 +235,7 @@ def check_rms_norm_inputs(x: torch.Tensor, weight: torch.Tensor, eps, offset, ca
 
 def _forward(x, residual, weight, eps, offset, casting_mode):
     y = new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode))
-    s = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
+    s = new_like(x) if residual is not None else None
     if x.numel() == 0:
         return y, s
     require_launchable(x.device)
