@@ -15,7 +15,7 @@ vector cores on Ascend, ``cuda_programs_per_sm(n_cols)`` programs per SM on CUDA
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton
@@ -121,6 +121,12 @@ def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
     addressed through the row stride, which may be 0 (a gradient broadcast over rows)."""
     rows = t.reshape(-1, n_cols)
     return rows if rows.stride(1) == 1 else rows.contiguous()
+
+
+def param_row(param: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A weight or bias as the kernels read it, element ``c`` at ``ptr + c``: a strided or expanded view (a column
+    of a matrix, ``ones(1).expand(C)``) is copied, C elements; a contiguous one is passed as it is."""
+    return None if param is None else param.contiguous()
 
 
 def check_norm_input(name: str, x: torch.Tensor) -> None:

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_tile,
-                    plan_rows)
+                    param_row, plan_rows)
 from ._triton import grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 FORWARD_MEMORY_MULTIPLIER = 5.0
@@ -204,7 +204,7 @@ def layer_norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor] = None, b
         return y
     require_launchable(x.device)
     n_cols = x.shape[-1]
-    x2 = as_rows(x, n_cols)
+    x2, weight, bias = as_rows(x, n_cols), param_row(weight), param_row(bias)
     n_rows = x2.shape[0]
     tiles = plan_rows(x.device.type, n_rows, n_cols, FORWARD_MEMORY_MULTIPLIER, persistent=False,
                       cuda_wide_rows=CUDA_FORWARD_WIDE_ROWS)
@@ -231,7 +231,7 @@ def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optiona
         return (dx, torch.zeros(n_cols, dtype=w_dtype, device=x.device),
                 torch.zeros(n_cols, dtype=b_dtype, device=x.device))
     require_launchable(x.device)
-    x2, dy2 = as_rows(x, n_cols), as_rows(grad_out, n_cols)
+    x2, dy2, weight = as_rows(x, n_cols), as_rows(grad_out, n_cols), param_row(weight)
     n_rows = x2.shape[0]
     tiles = plan_rows(x.device.type, n_rows, n_cols, BACKWARD_MEMORY_MULTIPLIER, persistent=True)
     alloc = torch.empty if tiles.whole_row else torch.zeros  # the looped path accumulates into its row

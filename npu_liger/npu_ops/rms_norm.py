@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_tile,
-                    plan_rows)
+                    param_row, plan_rows)
 from ._triton import check_same_layout, grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 CASTING_MODES = {"llama": 0, "gemma": 1, "none": 2}
@@ -240,7 +240,7 @@ def _forward(x, residual, weight, eps, offset, casting_mode):
         return y, s
     require_launchable(x.device)
     n_cols = x.shape[-1]
-    x2 = as_rows(x, n_cols)
+    x2, weight = as_rows(x, n_cols), param_row(weight)
     r2 = as_rows(residual, n_cols) if residual is not None else x2
     n_rows = x2.shape[0]
     multiplier = FORWARD_MEMORY_MULTIPLIER if residual is None else FUSED_FORWARD_MEMORY_MULTIPLIER
@@ -261,7 +261,7 @@ def _backward(dy, x, weight, ds, eps, offset, casting_mode):
     if x.numel() == 0:  # no rows: the weight gradient is a sum over nothing
         return dx, torch.zeros(weight.shape, dtype=weight.dtype, device=x.device)
     require_launchable(x.device)
-    x2, dy2 = as_rows(x, n_cols), as_rows(dy, n_cols)
+    x2, dy2, weight = as_rows(x, n_cols), as_rows(dy, n_cols), param_row(weight)
     ds2 = as_rows(ds, n_cols) if ds is not None else x2
     n_rows = x2.shape[0]
     multiplier = BACKWARD_MEMORY_MULTIPLIER if ds is None else FUSED_BACKWARD_MEMORY_MULTIPLIER
