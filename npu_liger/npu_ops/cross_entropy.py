@@ -2,7 +2,7 @@
 
 Per row with target t (rows whose target equals ignore_index count for nothing):
 
-    z    = softcap * tanh(x / softcap)               (x itself without softcap)
+    z    = softcap * tanh(x / softcap)               (x itself without softcap, or with softcap = inf)
     lse  = logsumexp(z)
     loss = lse - (1 - eps) * z[t] - eps / V * sum(z) + lse_square_scale * lse**2
     dz   = softmax(z) * (1 + 2 * lse_square_scale * lse) - (1 - eps) * onehot(t) - eps / V
@@ -117,7 +117,10 @@ def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, loss_ptr, grad_ptr, scale_
             m = m_new
             if HAS_SMOOTHING:
                 z_sum += tl.sum(tl.where(load_mask, z, 0.0), axis=0)
-        log_d = tl.log(tl.maximum(d, 1e-30))  # an ignored row has d = 0: keep it finite
+        # An ignored row has d = 0: log(1) keeps it finite. No clamp on d itself: a NaN or +inf logit makes d NaN
+        # and must reach the loss (a clamp through maximum() drops NaN on GPUs and hid a diverged run as a finite
+        # loss); -inf logits only add 0 to d.
+        log_d = tl.log(tl.where(valid, d, 1.0))
         lse = tl.where(valid, m + log_d, 0.0)
         # The target's logit: its column clamped into the row, so a bad target never reads outside it.
         safe_target = tl.where(in_range, target, 0)
@@ -339,6 +342,8 @@ def launch_rows(logits: torch.Tensor, target: torch.Tensor, row_losses: torch.Te
         return
     require_launchable(logits.device)
     compute_grad = grad is not None
+    if softcap == float("inf"):  # the limit of c * tanh(x / c): no cap (computing it would give inf * 0 = NaN)
+        softcap = None
     # Tiles and memory multipliers: see MEMORY_MULTIPLIER and GRAD_MEMORY_MULTIPLIER above.
     plan = _rows_plan(logits.device.type, n_cols, compute_grad)
     if grad is not None and grad.stride(1) != 1:
