@@ -58,7 +58,7 @@ def check_computed(ctx, flags, op_name: str, grad_loss: torch.Tensor) -> None:
     """The registered formula's guards: a gradient autograd wants must have been computed by the forward, and
     no create_graph backward (the saved gradients are constants to autograd: a second derivative through them
     would be silently wrong)."""
-    if torch.is_grad_enabled() and grad_loss.requires_grad:
+    if torch.is_grad_enabled():  # create_graph=True, whether or not grad_loss itself requires grad
         raise NotImplementedError(f"double backward (a gradient of the gradient) of npu_liger::{op_name} is not "
                                   "supported")
     for needed, computed in zip(ctx.needs_input_grad, flags):
