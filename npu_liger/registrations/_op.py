@@ -18,6 +18,7 @@ NAMESPACE = "npu_liger"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 DEVICE_DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
 _KERNELS = {}  # op overload -> its device kernel (serialised), for ``call_op``
+_FORMULAS = {}  # op overload -> its autograd formula's apply, for ``call_op`` under torch.func transforms
 
 
 def define_op(schema: str, *, kernel: Callable, fake: Callable) -> "torch._ops.OpOverload":
@@ -42,6 +43,8 @@ def call_op(op: "torch._ops.OpOverload", *args):
     every other case (tracing, modes, create_graph=True, which reaches the double-backward error) the op."""
     if eager_kernels_allowed(*[a for a in args if isinstance(a, Tensor)]):
         return _KERNELS[op](*args)
+    if _functorch_active() and op in _FORMULAS:  # see _register_autograd
+        return _FORMULAS[op](*args)
     return op(*args)
 
 
@@ -63,16 +66,63 @@ def define_autograd(
     Returns the op's eager entry point: with ``kernel`` (the op's device launcher), a function that skips the
     dispatcher in plain eager calls (see ``_eager_entry``); without, the op itself.
     """
-    torch.library.register_autograd(op, backward, setup_context=setup_context, lib=LIBRARY)
+    formula_apply = _register_autograd(op, backward, setup_context, public=kernel is not None)
     if kernel is None:
         return op
-    return _eager_entry(op, serialized(kernel), backward, setup_context)
+    return _eager_entry(op, serialized(kernel), backward, setup_context, formula_apply)
 
 
-def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callable) -> Callable:
+def _register_autograd(op, backward: Callable, setup_context: Callable, public: bool) -> Callable:
+    """The op's Autograd kernel: an ``autograd.Function`` with a separate ``setup_context`` (the formula). Returns
+    the formula's ``apply``, which the eager entry calls under torch.func transforms: they need a Function with
+    ``setup_context`` applied from Python, not from inside the dispatcher (there, functorch finds no kernel for
+    its ``custom_function_call``), so the op itself refuses them with a message saying what to call instead.
+    ``public``: the op has a public function (an eager entry) that supports them."""
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+    any_requires_grad = torch._C._any_requires_grad
+    name = op._schema.name
+    # The dispatcher drops trailing arguments equal to their defaults; the formula sees every argument.
+    defaults = tuple(a.default_value if a.has_default_value() else None for a in op._schema.arguments)
+
+    def forward(*args):
+        with below_autograd():
+            return op(*args)
+
+    formula = type(_class_name(op, "Formula"), (torch.autograd.Function,),
+                   {"forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
+                    "backward": staticmethod(backward)})
+    apply = formula.apply
+
+    def autograd_kernel(*args):
+        if len(args) < len(defaults):
+            args = (*args, *defaults[len(args):])
+        if torch.is_grad_enabled() and any_requires_grad(*args):
+            if _functorch_active():
+                raise NotImplementedError(
+                    f"torch.func transforms (grad, vjp, jacrev, ...) of {name} are supported through its public "
+                    f"function npu_liger.{name.split('::')[-1]}, not through torch.ops" if public else
+                    f"{name} does not support torch.func transforms (grad, vjp, jacrev, ...): its gradients are "
+                    "computed in the forward pass; use torch.autograd.grad or loss.backward()")
+            return apply(*args)
+        with below_autograd():
+            return op(*args)
+
+    LIBRARY.impl(name.split("::")[-1], autograd_kernel, "Autograd")
+    _FORMULAS[op] = apply
+    return apply
+
+
+def _class_name(op, suffix: str) -> str:
+    """``npu_liger::geglu_backward`` -> ``GegluBackward<suffix>`` (autograd names its nodes after the class)."""
+    return "".join(part.title() for part in op._schema.name.split("::")[-1].split("_")) + suffix
+
+
+def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callable,
+                 formula_apply: Callable) -> Callable:
     """The quack-style eager bypass: the same kernels and autograd formula without the dispatcher's Python
     round trips (a few µs per call instead of ~15). Taken only when ``eager_kernels_allowed`` says so; every other
-    call is the real op. Call it with every schema argument positionally."""
+    call is the real op, except under torch.func transforms, which apply the op's formula (``_register_autograd``).
+    Call it with every schema argument positionally."""
 
     def forward(ctx, *args):
         output = kernel(*args)
@@ -84,15 +134,14 @@ def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callab
 
     # Built with type() so autograd's node is named after the op (e.g. GegluEagerBackward).
     # Old-style forward(ctx, ...): measurably cheaper per call than forward + setup_context.
-    name = "".join(part.title() for part in op._schema.name.split("::")[-1].split("_")) + "Eager"
-    EagerAutograd = type(name, (torch.autograd.Function,),
+    EagerAutograd = type(_class_name(op, "Eager"), (torch.autograd.Function,),
                          {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
     apply = EagerAutograd.apply
     grad_enabled = torch.is_grad_enabled
 
     def entry(*args):
         if _context_needs_op():
-            return op(*args)
+            return formula_apply(*args) if _functorch_active() else op(*args)
         needs_grad = False
         for arg in args:
             if isinstance(arg, Tensor):
