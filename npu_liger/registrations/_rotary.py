@@ -49,9 +49,10 @@ def define_rotary_op(name: str, tables_schema: str, *, forward: Callable, backwa
         ctx.constants = [None if isinstance(t, torch.Tensor) else t for t in tables]  # e.g. mrope_section
 
     def backward_formula(ctx, grad_q, grad_k):
-        saved = iter(ctx.saved_tensors)
+        saved_tensors = ctx.saved_tensors  # unpacked once: non-reentrant checkpointing allows no second unpack
+        saved = iter(saved_tensors)
         tables = [next(saved) if constant is None else constant for constant in ctx.constants]
-        if eager_kernels_allowed(grad_q, grad_k, *ctx.saved_tensors):
+        if eager_kernels_allowed(grad_q, grad_k, *saved_tensors):
             grads = direct_backward(grad_q, grad_k, *tables)
         else:
             grads = backward_op(grad_q, grad_k, *tables)
