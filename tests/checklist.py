@@ -13,10 +13,10 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # fp32 kernels compute in fp32 and round once: relative error ~1e-7 against float64; 1e-5 leaves room for
 # reductions over long rows. Half precision: a single final rounding is worth one unit roundoff, the floor of
-# the tolerance. The Triton interpreter (CPU runs) truncates fp32 -> bf16 instead of rounding to nearest, which
-# doubles that floor for bf16 there; compiled Triton rounds to nearest.
+# the tolerance. Every backend rounds to nearest even (the CPU backend makes the Triton interpreter do so: it
+# truncates fp32 -> bf16 by itself, see npu_ops/_triton.py), so the floor is the same everywhere.
 FP32_RTOL = 1e-5
-UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-7 if DEVICE == "cpu" else 2.0**-8}
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
 def randn(shape: Sequence[int], dtype=torch.float32, *, noncontiguous: bool = False, scale: float = 1.0,
@@ -30,6 +30,44 @@ def randn(shape: Sequence[int], dtype=torch.float32, *, noncontiguous: bool = Fa
     else:
         t = (torch.randn(shape, device=DEVICE) * scale).to(dtype)
     return t.detach().requires_grad_(requires_grad)
+
+
+# Layouts every tensor argument (and incoming gradient) is drawn in by the contract tests: the same values (an
+# expanded view repeats its first slice) stored another way, kept as the view all the way to the call.
+LAYOUTS = ("contiguous", "strided", "offset", "transposed", "expanded")
+
+
+def layouts_for(t: torch.Tensor) -> tuple:
+    """The layouts of ``LAYOUTS`` that give ``t``'s shape a layout of its own (no transposed view of a vector, no
+    expanded view without a dim of size > 1)."""
+    if t.numel() == 0 or t.dim() == 0:
+        return ("contiguous",)
+    shape = t.shape
+    return tuple(layout for layout in LAYOUTS
+                 if not (layout == "transposed" and (t.dim() < 2 or shape[-1] == 1 or shape[-2] == 1))
+                 and not (layout == "expanded" and max(shape) == 1))
+
+
+def in_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A new tensor holding ``t``'s values (``expanded``: its first slice along the first dim of size > 1,
+    repeated) in ``layout``; a leaf, so that ``requires_grad_`` can be set on the view itself."""
+    t = t.detach()
+    if layout == "contiguous":
+        return t.clone()
+    if layout == "strided":  # every other element of a buffer twice as wide in the last dim
+        wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+    if layout == "offset":  # a storage offset of one element
+        buffer = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
+        buffer[1:] = t.reshape(-1)
+        return buffer[1:].view(t.shape)
+    if layout == "transposed":  # the last two dims stored swapped
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if layout == "expanded":  # stride 0 along the first dim of size > 1
+        dim = next(d for d, n in enumerate(t.shape) if n > 1)
+        return t.narrow(dim, 0, 1).clone().expand(t.shape)
+    raise ValueError(f"unknown layout {layout!r}")
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -130,8 +130,7 @@ def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0
 
 def assert_scaled(got, unit, factor):
     """``got == unit * factor`` rounded once to unit's dtype: exactly in fp32. In half precision one unit in the
-    last place: the CPU interpreter truncates on its store where torch rounds, and a path that scales the fp32
-    gradient before its one rounding differs from scaling the rounded gradient by up to an ulp (an absolute
+    last place: a path that scales the fp32 gradient before its one rounding differs from scaling the rounded gradient by up to an ulp (an absolute
     2^-24 among fp16 subnormals, seen on the H200)."""
     expected = unit.mul(factor).to(unit.dtype)
     if unit.dtype == torch.float32:
@@ -370,3 +369,41 @@ def test_target_column_gradient_at_training_size():
     rows = (target != -100).nonzero().squeeze(1)
     assert rel_error(grad[rows, target[rows]], ref[rows, target[rows]]) < 2**-7
     assert rel_error(grad, ref) < 2**-7
+
+
+# ---- non-finite logits: what torch gives ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn", ["cross_entropy", "fused_linear_cross_entropy"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_non_finite_logits_give_what_torch_gives(fn, bad, softcap):
+    """A NaN logit gives a NaN loss and NaN gradients for its row (not a finite loss: a diverged run must look
+    diverged); +inf gives torch's NaN, -inf in a non-target column is exp(-inf) = 0. FLCE: the bad value sits in
+    lm_head's weight, so every row's logits carry it, as in a model whose lm_head diverged."""
+    logits = randn((3, 6))
+    target = torch.tensor([1, 4, 2], device=DEVICE)
+    if fn == "cross_entropy":
+        logits[0, 3] = bad
+        args, ref_args = (logits,), (logits.clone(),)
+        ours_fn = lambda t: npu_liger.cross_entropy(t[0], target, softcap=softcap)  # noqa: E731
+        ref_fn = lambda t: reference(t[0], target, softcap=softcap)  # noqa: E731
+    else:
+        x, weight = randn((3, 4)), randn((6, 4))
+        weight[3, 1] = bad
+        args, ref_args = (x, weight), (x.clone(), weight.clone())
+        ours_fn = lambda t: npu_liger.fused_linear_cross_entropy(t[0], t[1], target, softcap=softcap)  # noqa: E731
+        ref_fn = lambda t: reference(torch.nn.functional.linear(t[0], t[1]), target, softcap=softcap)  # noqa: E731
+    leaves = [a.detach().requires_grad_(True) for a in args]
+    ref_leaves = [a.detach().requires_grad_(True) for a in ref_args]
+    loss, ref_loss = ours_fn(leaves), ref_fn(ref_leaves)
+    loss.backward()
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss.to(loss.dtype), rtol=1e-5, atol=1e-6, equal_nan=True)
+    for got, want in zip(leaves, ref_leaves):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_infinite_softcap_is_no_softcap():
+    logits, target = randn((4, 9)), make_target(4, 9)
+    torch.testing.assert_close(npu_liger.cross_entropy(logits, target, softcap=float("inf")),
+                               npu_liger.cross_entropy(logits, target))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import npu_liger
+from checklist import DEVICE
 from npu_liger.tiling import ASCEND_CHIPS, TileRequest, emulated_chip, get_chip, plan_launch
 from npu_liger.tiling import launch
 
@@ -273,3 +274,27 @@ def test_direct_launch_yields_to_launch_hooks():
         assert _launch_hooks_set()
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the Triton interpreter's cast")
+def test_interpreter_rounds_bf16_to_nearest_even_as_compiled_triton_does():
+    """fp32 -> bf16 in a kernel (a store's cast) rounds as torch's ``.bfloat16()`` does: ties to even, NaN stays
+    NaN, overflow gives inf (the interpreter alone truncates: 1 + 3 * 2^-9 would become 1 + 2^-8)."""
+    import triton
+    import triton.language as tl
+
+    from npu_liger.npu_ops._triton import launched_kernel
+
+    @launched_kernel
+    def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask).to(y_ptr.dtype.element_ty), mask=mask)
+
+    special = [1 + 2**-8, 1 + 3 * 2**-8, 1 + 3 * 2**-9, -(1 + 3 * 2**-9), float("nan"), float("inf"), 3.4e38, 0.0,
+               -0.0, 1e-40]
+    x = torch.cat([torch.tensor(special), torch.randn(1000) * 10.0 ** torch.randint(-30, 30, (1000,))])
+    y = torch.empty(x.shape, dtype=torch.bfloat16)
+    _copy_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    assert torch.equal(y.view(torch.int16)[~x.isnan()], x.bfloat16().view(torch.int16)[~x.isnan()])
+    assert y[x.isnan()].isnan().all()

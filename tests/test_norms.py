@@ -52,7 +52,7 @@ def rounding_points(mode, fused=False):
 
 def assert_close_rounded(out, ref64, eager_lowp, roundings, what):
     """``checklist.assert_close`` with a half-precision floor of ``roundings`` unit roundoffs: a result rounded
-    k times (each a truncation under the CPU interpreter) may be off by k units where the eager reference, rounding
+    k times may be off by k units where the eager reference, rounding
     to nearest, happened to land close (tiny rows make that likely)."""
     if out.dtype == torch.float32 or roundings == 1 or out.numel() == 0:
         assert_close(out, ref64, eager_lowp, what=what)
