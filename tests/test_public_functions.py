@@ -17,41 +17,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_liger
 from checklist import DEVICE, randn
+from op_cases import CASES, OPS, run_op as _run_op
 
 
-def _index(shape, high):
-    return torch.randint(0, high, shape, device=DEVICE)
-
-
-# name -> a function of the device building fresh positional arguments of a small call
-CALLS = {
-    "geglu": lambda: (randn((3, 37)), randn((3, 37))),
-    "swiglu": lambda: (randn((3, 37)), randn((3, 37))),
-    "embedding": lambda: (randn((11, 6)), _index((2, 5), 11), None),
-    "tvd": lambda: (randn((4, 9)).softmax(-1), randn((4, 9)).softmax(-1), None, "sum"),
-    "rope": lambda: (randn((2, 4, 5, 8)), randn((2, 2, 5, 8)), randn((5, 8)), randn((5, 8))),
-    "qwen2vl_mrope": lambda: (randn((2, 4, 5, 8)), randn((2, 2, 5, 8)), randn((3, 2, 5, 8)), randn((3, 2, 5, 8)),
-                              [2, 1, 1]),
-    "rms_norm": lambda: (randn((3, 16)), randn((16,))),
-    "fused_add_rms_norm": lambda: (randn((3, 16)), randn((3, 16)), randn((16,))),
-    "layer_norm": lambda: (randn((3, 16)), randn((16,)), randn((16,))),
-    "cross_entropy": lambda: (randn((4, 10)), _index((4,), 10)),
-    "fused_linear_cross_entropy": lambda: (randn((4, 8)), randn((10, 8)), _index((4,), 10)),
-    "llama4_rope": lambda: (randn((2, 5, 4, 8)), randn((2, 5, 2, 8)), torch.polar(torch.ones(5, 4, device=DEVICE),
-                                                                                   randn((5, 4)))),
-}
-OPS = sorted(CALLS)
-
-
-def _op_args(name, args):
-    """The op's positional arguments for the public function's (embedding's public padding_idx=None -> -1)."""
-    if name == "embedding":
-        return args[:2] + (-1,)
-    return args
-
-
-def _run_op(name, args):
-    return getattr(torch.ops.npu_liger, name)(*_op_args(name, args))
+CALLS = {name: case.make for name, case in CASES.items()}
 
 
 def _flat(out):

@@ -1,0 +1,141 @@
+"""One small call of every public op, with its torch reference: the table the op-wide contract tests
+(``test_op_contract.py``: every argument in every layout, NaN in, checkpointing, double backward, torch.func) and
+``test_public_functions.py`` (meta tensors, modes, threads) run over. A new op adds one ``OpCase`` here.
+
+``make()`` returns fresh positional arguments of the public function ``npu_liger.<name>``; ``grads`` names the
+positions whose gradient the op computes; ``reference`` is the same computation in plain torch (Hugging Face's own
+function where one exists), called with the same arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from checklist import DEVICE, randn
+
+
+class OpCase(NamedTuple):
+    make: Callable[[], tuple]
+    grads: Tuple[int, ...]
+    reference: Callable
+    # the op's name in torch.ops.npu_liger when the public function's arguments need translating for it
+    op_args: Optional[Callable[[tuple], tuple]] = None
+
+
+def index(shape, high):
+    return torch.randint(0, high, shape, device=DEVICE)
+
+
+def gelu_tanh_product(a, b):
+    return F.gelu(a, approximate="tanh") * b
+
+
+def silu_product(a, b):
+    return F.silu(a) * b
+
+
+def embedding_reference(weight, indices, padding_idx=None):
+    return F.embedding(indices, weight, padding_idx)
+
+
+def tvd_reference(p, q, shift_labels=None, reduction="batchmean", ignore_index=-100):
+    tv = (p - q).abs() * 0.5
+    valid = (torch.ones(p.shape[0], dtype=torch.bool, device=p.device) if shift_labels is None
+             else shift_labels != ignore_index)
+    tv = torch.where(valid[:, None], tv, torch.zeros_like(tv))
+    if reduction == "none":
+        return tv
+    if reduction == "sum":
+        return tv.sum()
+    divisor = valid.sum() * (p.shape[1] if reduction == "mean" else 1)
+    return tv.sum() / divisor.clamp(min=1)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_reference(q, k, cos, sin):
+    """transformers' apply_rotary_pos_emb(unsqueeze_dim=1) (its formula, so that the table needs no transformers)."""
+    cos, sin = cos.unsqueeze(-3) if cos.dim() == 3 else cos, sin.unsqueeze(-3) if sin.dim() == 3 else sin
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def mrope_reference(q, k, cos, sin, mrope_section):
+    def merge(table):
+        return torch.cat([m[i % 3] for i, m in enumerate(table.split(list(mrope_section) * 2, dim=-1))], dim=-1)
+
+    return rope_reference(q, k, merge(cos), merge(sin))
+
+
+def llama4_rope_reference(q, k, freqs_cis):
+    freqs = freqs_cis[None, :, None, :] if freqs_cis.dim() == 2 else freqs_cis[:, :, None, :]
+
+    def rotate(x):
+        as_complex = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(as_complex * freqs).flatten(3).type_as(x)
+
+    return rotate(q), rotate(k)
+
+
+def rms_norm_reference(x, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
+    h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (offset + weight) * h.to(x.dtype)
+
+
+def fused_add_rms_norm_reference(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
+    s = x + residual
+    return rms_norm_reference(s, weight, eps, offset, casting_mode), s
+
+
+def layer_norm_reference(x, weight, bias, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def cross_entropy_reference(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
+                            lse_square_scale=0.0):
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
+
+
+def flce_reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean"):
+    return F.cross_entropy(F.linear(x, weight, bias).float(), target, ignore_index=ignore_index, reduction=reduction)
+
+
+CASES = {
+    "geglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), gelu_tanh_product),
+    "swiglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), silu_product),
+    "embedding": OpCase(lambda: (randn((11, 6)), index((2, 5), 11), None), (0,), embedding_reference,
+                        op_args=lambda args: (args[0], args[1], -1 if args[2] is None else args[2])),
+    "tvd": OpCase(lambda: (randn((4, 9)).softmax(-1), randn((4, 9)).softmax(-1), None, "sum"), (0, 1),
+                  tvd_reference),
+    "rope": OpCase(lambda: (randn((2, 4, 5, 8)), randn((2, 2, 5, 8)), randn((5, 8)), randn((5, 8))), (0, 1),
+                   rope_reference),
+    "qwen2vl_mrope": OpCase(lambda: (randn((2, 4, 5, 8)), randn((2, 2, 5, 8)), randn((3, 2, 5, 8)),
+                                     randn((3, 2, 5, 8)), [2, 1, 1]), (0, 1), mrope_reference),
+    "llama4_rope": OpCase(lambda: (randn((2, 5, 4, 8)), randn((2, 5, 2, 8)),
+                                   torch.polar(torch.ones(5, 4, device=DEVICE), randn((5, 4)))), (0, 1),
+                          llama4_rope_reference),
+    "rms_norm": OpCase(lambda: (randn((3, 16)), randn((16,))), (0, 1), rms_norm_reference),
+    "fused_add_rms_norm": OpCase(lambda: (randn((3, 16)), randn((3, 16)), randn((16,))), (0, 1, 2),
+                                 fused_add_rms_norm_reference),
+    "layer_norm": OpCase(lambda: (randn((3, 16)), randn((16,)), randn((16,))), (0, 1, 2), layer_norm_reference),
+    "cross_entropy": OpCase(lambda: (randn((4, 10)), index((4,), 10)), (0,), cross_entropy_reference),
+    "fused_linear_cross_entropy": OpCase(lambda: (randn((4, 8)), randn((10, 8)), index((4,), 10)), (0, 1),
+                                         flce_reference),
+}
+OPS = sorted(CASES)
+
+
+def op_args(name: str, args: tuple) -> tuple:
+    """The op's positional arguments for the public function's ``args``."""
+    translate = CASES[name].op_args
+    return translate(args) if translate is not None else args
+
+
+def run_op(name: str, args: tuple):
+    return getattr(torch.ops.npu_liger, name)(*op_args(name, args))
