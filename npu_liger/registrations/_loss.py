@@ -23,6 +23,14 @@ from ..npu_ops._triton import serialized  # noqa: E402
 scale_kernel = serialized(scale_kernel)  # called directly below: one CPU launch at a time
 
 
+def sharded_rows_result(pl, reduction: str):
+    """The losses' sharding: tokens sharded (rows S(0), targets S(0), weight and bias R) or everything R. Rows
+    are independent for ``none`` (the loss -> S(0)) and ``sum`` (-> P; grad_x rows S(0), grad_weight and grad_bias
+    P); ``mean`` divides by the GLOBAL number of valid rows, so it is R only (call ``sum`` and divide by the
+    all-reduced count). The loss's placement for row-sharded inputs, or None where rows may not be sharded."""
+    return {"none": pl.S(0), "sum": pl.P}.get(reduction)
+
+
 def wants_grad(tensor: Optional[torch.Tensor]) -> bool:
     return tensor is not None and tensor.requires_grad and torch.is_grad_enabled()
 

@@ -17,17 +17,20 @@ import torch
 
 from ..npu_ops._triton import serialized
 from ._op import define_autograd, define_op, eager_kernels_allowed, forbid_double_backward
+from ._sharding import sharding_rule
 
 
 def define_rotary_op(name: str, tables_schema: str, *, forward: Callable, backward: Callable,
-                     launch_backward: Callable, check: Callable, new_output: Callable) -> Tuple[object, object, Callable]:
+                     launch_backward: Callable, check: Callable, new_output: Callable,
+                     qk_dims: Tuple[int, int, int], table_batch_dim: int) -> Tuple[object, object, Callable]:
     """Define ``npu_liger::<name>`` and ``npu_liger::<name>_backward``.
 
     ``tables_schema``: the schema of the arguments after q and k (e.g. ``"Tensor cos, Tensor sin"``).
     ``forward``/``backward``: the op's checking launchers; ``launch_backward(grad_q, grad_k, *tables)``: the
     backward launch without re-checking (autograd's gradients have the outputs' shape, dtype and device; the
     tables were checked by the forward). ``check(q, k, *tables, names=...)`` validates (fakes use it);
-    ``new_output(x)`` allocates an output like the kernel's (metadata only).
+    ``new_output(x)`` allocates an output like the kernel's (metadata only). ``qk_dims``: q/k's (batch, heads,
+    seq) dims and ``table_batch_dim`` the tables' batch dim, for the sharding rule (``rotary_sharding``).
     Returns (op, backward op, eager entry point)."""
 
     def fake(q, k, *tables):
@@ -60,4 +63,31 @@ def define_rotary_op(name: str, tables_schema: str, *, forward: Callable, backwa
 
     entry = define_autograd(op, backward=backward_formula, setup_context=setup_context, kernel=forward)
     forbid_double_backward(backward_op, name)
+    table_names = [part.split()[-1] for part in tables_schema.split(",") if part.split()[0] == "Tensor"]
+    rule, backward_rule = rotary_sharding(qk_dims, table_names, table_batch_dim)
+    sharding_rule(op)(rule)
+    sharding_rule(backward_op)(backward_rule)
     return op, backward_op, entry
+
+
+def rotary_sharding(qk_dims: Tuple[int, int, int], table_names, table_batch_dim: int):
+    """q/k sharded on batch, heads or seq (never head_dim: it holds the rotary pairs). The tables (all of one
+    shape) follow the batch when they carry one (size > 1 at ``table_batch_dim``), follow the sequence on their
+    seq dim (always ndim - 2), else are replicated. Backward: the same, plus the gradients P with the tables R
+    (linear in the gradients)."""
+    batch_dim, heads_dim, seq_dim = qk_dims
+
+    def cases(p, first, second, table):
+        S = p.S
+        t_batch = S(table_batch_dim) if table.ndim >= 3 and table.shape[table_batch_dim] > 1 else p.R
+        layouts = [(p.R, p.R), (S(batch_dim), t_batch), (S(heads_dim), p.R), (S(seq_dim), S(table.ndim - 2))]
+        return [p.case([qk, qk], **{first: qk, second: qk}, **{n: tab for n in table_names})
+                for qk, tab in layouts]
+
+    def rule(p, q, k, table, *args):
+        return cases(p, "q", "k", table)
+
+    def backward_rule(p, grad_q, grad_k, table, *args):
+        return cases(p, "grad_q", "grad_k", table) + [p.case([p.P, p.P], grad_q=p.P, grad_k=p.P)]
+
+    return rule, backward_rule

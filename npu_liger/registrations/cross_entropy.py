@@ -9,9 +9,10 @@ from typing import Optional
 import torch
 
 from ..npu_ops.cross_entropy import check_cross_entropy_inputs, cross_entropy_forward
-from ._loss import check_computed, eager_plain, scale_in_place, scaled, take_grads, wants_grad
+from ..npu_ops._triton import serialized
+from ._loss import check_computed, eager_plain, scale_in_place, scaled, sharded_rows_result, take_grads, wants_grad
 from ._op import define_autograd, define_composite, define_op
-from ..npu_ops._triton import serialized  # noqa: E402
+from ._sharding import sharding_rule
 
 cross_entropy_forward = serialized(cross_entropy_forward)  # called directly below: one CPU launch at a time
 
@@ -64,6 +65,23 @@ cross_entropy_op = define_composite(
     "float label_smoothing=0.0, float? softcap=None, float lse_square_scale=0.0) -> Tensor",
     _cross_entropy_composite,
 )
+
+
+@sharding_rule(cross_entropy_op)
+def _cross_entropy_sharding(pl, *args):
+    """See ``_loss.sharded_rows_result``."""
+    rows = sharded_rows_result(pl, pl.arg("reduction"))
+    return [pl.case(pl.R)] + ([] if rows is None else [pl.case(rows, logits=pl.S(0), target=pl.S(0))])
+
+
+@sharding_rule(cross_entropy_with_grad_op)
+def _cross_entropy_with_grad_sharding(pl, *args):
+    """(loss, grad): the gradient follows the rows."""
+    rows = sharded_rows_result(pl, pl.arg("reduction"))
+    cases = [pl.case([pl.R, pl.R])]
+    if rows is not None:
+        cases.append(pl.case([rows, pl.S(0)], logits=pl.S(0), target=pl.S(0)))
+    return cases
 
 
 class CrossEntropyEager(torch.autograd.Function):

@@ -12,11 +12,13 @@ import torch
 
 from ..npu_ops.fused_linear_cross_entropy import (check_flce_inputs, fused_linear_cross_entropy_backward,
                                                    fused_linear_cross_entropy_forward)
-from ._loss import check_computed, eager_plain, scale_in_place, scaled, take_grads, wants_grad
+from ..npu_ops._triton import serialized
+from ._loss import check_computed, eager_plain, scale_in_place, scaled, sharded_rows_result, take_grads, wants_grad
 from ._op import define_autograd, define_composite, define_op, forbid_double_backward
-from ..npu_ops._triton import serialized  # noqa: E402
+from ._sharding import sharding_rule
 
-fused_linear_cross_entropy_forward = serialized(fused_linear_cross_entropy_forward)  # called directly below: one CPU launch at a time
+# called directly below: one CPU launch at a time
+fused_linear_cross_entropy_forward = serialized(fused_linear_cross_entropy_forward)
 
 __all__ = ["fused_linear_cross_entropy"]
 
@@ -98,6 +100,29 @@ fused_linear_cross_entropy_op = define_composite(
     'str reduction="mean", float label_smoothing=0.0, float? softcap=None, float lse_square_scale=0.0) -> Tensor',
     _composite,
 )
+
+
+@sharding_rule(fused_linear_cross_entropy_op)
+def _flce_sharding(pl, *args):
+    """See ``_loss.sharded_rows_result``: x and target S(0), weight and bias R."""
+    rows = sharded_rows_result(pl, pl.arg("reduction"))
+    return [pl.case(pl.R)] + ([] if rows is None else [pl.case(rows, x=pl.S(0), target=pl.S(0))])
+
+
+@sharding_rule(with_grad_op)
+def _flce_with_grad_sharding(pl, *args):
+    """(loss, grad_x, grad_weight, grad_bias): grad_x follows the rows, the parameter gradients are P."""
+    rows = sharded_rows_result(pl, pl.arg("reduction"))
+    cases = [pl.case([pl.R] * 4)]
+    if rows is not None:
+        cases.append(pl.case([rows, pl.S(0), pl.P, pl.P], x=pl.S(0), target=pl.S(0)))
+    return cases
+
+
+@sharding_rule(backward_op)
+def _flce_backward_sharding(pl, *args):
+    """``none``'s recomputing backward: rows independent, per-row incoming gradients."""
+    return [pl.case([pl.R] * 3), pl.case([pl.S(0), pl.P, pl.P], grad_loss=pl.S(0), x=pl.S(0), target=pl.S(0))]
 
 
 class FusedLinearCrossEntropyEager(torch.autograd.Function):

@@ -11,6 +11,7 @@ from ..npu_ops.rms_norm import (check_fused_add_rms_norm_backward_inputs, check_
                                 check_rms_norm_inputs, fused_add_rms_norm_backward, fused_add_rms_norm_forward,
                                 rms_norm_backward, rms_norm_forward, rms_norm_output_dtype)
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 
 __all__ = ["rms_norm", "fused_add_rms_norm"]
@@ -55,6 +56,34 @@ fused_add_rms_norm_backward_op = define_op(
     "fused_add_rms_norm_backward(Tensor grad_normed, Tensor? grad_sum, Tensor s, Tensor weight, float eps,"
     " float offset, str casting_mode) -> (Tensor, Tensor)",
     kernel=fused_add_rms_norm_backward, fake=_fused_add_rms_norm_backward_fake)
+
+
+# Rows may be sharded, the normalised (last) dim may not: x (and residual) S(d) for d < ndim - 1 with the weight R
+# -> S(d); all R -> R. Backward: grad and x S(d) -> grad_x S(d), grad_weight P (each rank sums its own rows); all R
+# -> R; the incoming gradients P with x R -> P throughout (linear in them).
+@sharding_rule(rms_norm_op)
+def _rms_norm_sharding(p, x, *args):
+    return [p.case(p.R)] + [p.case(p.S(d), x=p.S(d)) for d in range(x.ndim - 1)]
+
+
+@sharding_rule(rms_norm_backward_op)
+def _rms_norm_backward_sharding(p, grad_out, x, *args):
+    S, P = p.S, p.P
+    return ([p.case([p.R, p.R]), p.case([P, P], grad_out=P)]
+            + [p.case([S(d), P], grad_out=S(d), x=S(d)) for d in range(x.ndim - 1)])
+
+
+@sharding_rule(fused_add_rms_norm_op)
+def _fused_add_rms_norm_sharding(p, x, *args):
+    S = p.S
+    return [p.case([p.R, p.R])] + [p.case([S(d), S(d)], x=S(d), residual=S(d)) for d in range(x.ndim - 1)]
+
+
+@sharding_rule(fused_add_rms_norm_backward_op)
+def _fused_add_rms_norm_backward_sharding(p, grad_normed, grad_sum, s, *args):
+    S, P = p.S, p.P
+    return ([p.case([p.R, p.R]), p.case([P, P], grad_normed=P, grad_sum=P)]
+            + [p.case([S(d), P], grad_normed=S(d), grad_sum=S(d), s=S(d)) for d in range(s.ndim - 1)])
 
 
 def _setup_context(ctx, inputs, output):

@@ -19,6 +19,7 @@ from ..npu_ops._triton import serialized
 from ..npu_ops.tvd import (check_tvd_grad, check_tvd_inputs, loss_dtype, tvd_backward, tvd_backward_from_codes,
                            tvd_forward)
 from ._op import call_op, define_autograd, define_op, eager_call_allowed, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["tvd"]
 
@@ -46,6 +47,35 @@ tvd_backward_op = define_op(
     kernel=tvd_backward,
     fake=_tvd_backward_fake,
 )
+
+
+def _exact_layouts(pl, reduction):
+    """(p/q placement, label placement, output placement) under which the local result is exact: rows S(0)
+    (labels follow) or vocab S(1) (labels R). ``none``: either -> the same; ``sum``: either -> P; ``batchmean``
+    divides by the GLOBAL number of valid rows: exact only with S(1) (every rank sees every row) -> P; row-sharded
+    inputs are gathered first. ``mean`` divides by valid rows * V: R only (for a row-sharded mean, call
+    ``reduction="sum"`` and divide by the all-reduced count yourself)."""
+    S, R, P = pl.S, pl.R, pl.P
+    rows, vocab = (S(0), S(0)), (S(1), R)
+    return {"none": [rows + (S(0),), vocab + (S(1),)], "sum": [rows + (P,), vocab + (P,)],
+            "batchmean": [vocab + (P,)]}.get(reduction, [])
+
+
+@sharding_rule(tvd_op)
+def _tvd_sharding(pl, *args):
+    return [pl.case(pl.R)] + [pl.case(out, p=pq, q=pq, shift_labels=lab)
+                              for pq, lab, out in _exact_layouts(pl, pl.arg("reduction"))]
+
+
+@sharding_rule(tvd_backward_op)
+def _tvd_backward_sharding(pl, *args):
+    """Mirrors the forward per reduction (grad_out R for the scalar reductions), or grad_out P with every other
+    input R (linear in it)."""
+    reduction = pl.arg("reduction")
+    cases = [pl.case([pl.R, pl.R]), pl.case([pl.P, pl.P], grad_out=pl.P)]
+    for pq, lab, _ in _exact_layouts(pl, reduction):
+        cases.append(pl.case([pq, pq], grad_out=pq if reduction == "none" else pl.R, p=pq, q=pq, shift_labels=lab))
+    return cases
 
 
 def _saveable(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
