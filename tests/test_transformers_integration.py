@@ -500,3 +500,25 @@ def test_loss_patch_leaves_an_unknown_forward_alone():
     with pytest.warns(UserWarning, match="loss is left unpatched"):
         nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
     assert nlt.patch_summary(model)["loss"] == 0
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")  # 5.x's new name
+@pytest.mark.parametrize("family", ["llama", "llama4"])  # the rope and llama4_rope ops (their shared backward)
+def test_gradient_checkpointing(family):
+    """``gradient_checkpointing_enable()`` (non-reentrant in transformers 5): the checkpoint unpacks each saved
+    tensor once, so every backward formula must read ``ctx.saved_tensors`` once. Every patch on; the loss and
+    every gradient equal the unpatched checkpointed model's."""
+    _require_ops(FAMILIES[family][1] + ("fused_linear_cross_entropy",))
+    ids = _batch()
+    labels = _labels(ids)
+    model = _build(family)
+    model.gradient_checkpointing_enable()
+    _, ref = _run_loss(model, ids, labels)  # before any patch: patching rope is module-wide
+    nlt.apply_to_model(model)
+    _, got = _run_loss(model, ids, labels)  # plain eager: the backward formulas launch the kernels directly
+    _assert_matches(got, ref, what="gradient checkpointing: ")
+    with CountOps() as counter:  # under a dispatch mode: through the backward ops
+        _, got = _run_loss(model, ids, labels)
+    for op in FAMILIES[family][1]:
+        assert counter.counts.get(f"{op}_backward", 0) >= COMMON["num_hidden_layers"], counter.counts
+    _assert_matches(got, ref, what="gradient checkpointing, dispatch mode: ")

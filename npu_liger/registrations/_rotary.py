@@ -49,9 +49,11 @@ def define_rotary_op(name: str, tables_schema: str, *, forward: Callable, backwa
         ctx.constants = [None if isinstance(t, torch.Tensor) else t for t in tables]  # e.g. mrope_section
 
     def backward_formula(ctx, grad_q, grad_k):
-        saved = iter(ctx.saved_tensors)
-        tables = [next(saved) if constant is None else constant for constant in ctx.constants]
-        if eager_kernels_allowed(grad_q, grad_k, *ctx.saved_tensors):
+        # ctx.saved_tensors read once: non-reentrant activation checkpointing unpacks each saved tensor once
+        saved = ctx.saved_tensors
+        remaining = iter(saved)
+        tables = [next(remaining) if constant is None else constant for constant in ctx.constants]
+        if eager_kernels_allowed(grad_q, grad_k, *saved):
             grads = direct_backward(grad_q, grad_k, *tables)
         else:
             grads = backward_op(grad_q, grad_k, *tables)
