@@ -1,7 +1,8 @@
 """The loss patch (npu_liger/transformers/loss.py) with an lm_head that is not a plain, unobserved nn.Linear:
 a forward hook or pre-hook (module or global), an nn.Linear subclass with its own forward, an nn.Sequential, or
 PEFT's LoRA wrapper installed after patching. The patched forward must then run ``lm_head`` itself: the loss,
-the logits and every gradient (the adapter's included) equal the unpatched model's.
+the logits and every gradient (the adapter's included) equal the unpatched model's. And ``return_dict``: the
+patched forward returns what transformers' ``can_return_tuple`` makes of its output.
 
 Tiny random Llama models as in test_transformers_integration.py; fp32, relative error <= FP32_RTOL.
 """
@@ -228,3 +229,44 @@ def test_loss_patch_with_peft_lora_on_lm_head(bias):
     _, grads = _assert_same_step(model, ref_model)
     adapter = [n for n in grads if "lm_head.lora_" in n]
     assert len(adapter) == 2 and all(grads[n].abs().sum() > 0 for n in adapter), adapter
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# return_dict: can_return_tuple's rule (the call's return_dict, else config.return_dict; to_tuple() drops None)
+
+def _tuple_like(got, ref):
+    assert type(got) is tuple and type(ref) is tuple
+    assert len(got) == len(ref), (got, ref)
+    for a, b in zip(got, ref, strict=True):
+        assert type(a) is type(b)
+        if torch.is_tensor(b):
+            assert rel_error(a, b) <= FP32_RTOL
+
+
+def test_loss_patch_honours_return_dict():
+    model = _llama()
+    ref_model = copy.deepcopy(model)
+    nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
+    ids, labels = _inputs()
+    ref = ref_model(input_ids=ids, labels=labels, return_dict=False)
+    got = model(input_ids=ids, labels=labels, return_dict=False)
+    # the fused loss builds no logits, and to_tuple() drops None fields: the tuple of the ModelOutput it returns
+    as_dict = model(input_ids=ids, labels=labels, return_dict=True)
+    assert as_dict.logits is None and as_dict.cache is not None
+    _tuple_like(got, as_dict.to_tuple())
+    assert rel_error(got[0], ref[0]) <= FP32_RTOL
+    assert [type(x) for x in got] == [type(x) for i, x in enumerate(ref) if i != 1]  # all but the logits
+
+    # config.return_dict=False: tuples unless the call says otherwise (transformers 5.24's own causal-LM forward
+    # fails there: its inner model returns a tuple too, and it reads outputs.last_hidden_state)
+    model.config.return_dict = False
+    _tuple_like(model(input_ids=ids, labels=labels), got)
+    assert isinstance(model(input_ids=ids, labels=labels, return_dict=True),
+                      transformers.modeling_outputs.CausalLMOutputWithPast)
+    model.config.return_dict = True
+
+    # the fallback (a hooked lm_head) has logits: exactly HF's tuple
+    for m in (model, ref_model):
+        m.lm_head.register_forward_hook(_scale_output)
+    _tuple_like(model(input_ids=ids, labels=labels, return_dict=False),
+                ref_model(input_ids=ids, labels=labels, return_dict=False))

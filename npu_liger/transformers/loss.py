@@ -20,6 +20,9 @@ Reading ``lm_head.weight`` is ``lm_head(hidden)`` only for a plain ``nn.Linear``
 subclass, a forward hook, an ``nn.Sequential``) is called instead, its logits (softcapped as HF does) go to
 ``npu_liger.cross_entropy`` in float32 with the same reduction, and the output carries them.
 
+``return_dict``: as transformers' ``can_return_tuple`` decides (the call's ``return_dict``, else
+``config.return_dict``); a tuple is the output's ``to_tuple()``, so the fused loss's tuple has no logits entry.
+
 Only forwards whose source has the shape above are patched (a transformers release that changed it is left
 alone, with a warning).
 """
@@ -57,7 +60,8 @@ CAUSAL_LM_CLASSES = {
 }
 # Fragments (whitespace removed) the original forward must contain for the patched one to be equivalent.
 # (A tuple: any one of its forms; transformers 5.17 slices inline, 5.24 through slice_logits_to_keep.)
-_REQUIRED = ("=self.model(",
+# can_return_tuple: the patched forward reproduces its return_dict rule (_return_dict).
+_REQUIRED = ("@can_return_tuple", "=self.model(",
              ("hidden_states=slice_logits_to_keep(hidden_states,logits_to_keep)",
               "slice_indices=slice(-logits_to_keep,None)ifisinstance(logits_to_keep,int)elselogits_to_keep"),
              ("logits=self.lm_head(hidden_states)", "logits=self.lm_head(hidden_states[:,slice_indices,:])"),
@@ -161,6 +165,12 @@ def causal_lm_loss_and_logits(hidden: torch.Tensor, lm_head: nn.Module, labels: 
     return loss / num_items_in_batch, logits
 
 
+def _return_dict(model: nn.Module, passed: Optional[bool]) -> bool:
+    """transformers' ``can_return_tuple`` rule, which wraps every patched forward: the call's ``return_dict``
+    unless None, else ``config.return_dict``."""
+    return model.config.return_dict if passed is None else passed
+
+
 _PLANS = {}  # class -> _Plan, filled when an instance is patched (the forward only looks it up: compile-friendly)
 
 
@@ -181,7 +191,10 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     if args or not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self):
         return type(self).forward(self, input_ids, *args, **kwargs)
     plan = _plan_of(type(self))
+    return_dict = _return_dict(self, kwargs.pop("return_dict", None))
     model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep")}
+    if not self.config.return_dict:  # the inner model would return a tuple too; its fields are wanted by name
+        model_kwargs["return_dict"] = True
     outputs = self.model(input_ids=input_ids, **model_kwargs)
     hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
     hidden = _keep_positions(hidden, kwargs.get("logits_to_keep", 0))
@@ -189,7 +202,8 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     loss, logits = causal_lm_loss_and_logits(hidden, self.lm_head, labels, softcap, kwargs.get("num_items_in_batch"),
                                              kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))
     rest = {f: getattr(outputs, f, None) for f in plan.fields}
-    return plan.output_cls(loss=loss, logits=logits, **rest)
+    output = plan.output_cls(loss=loss, logits=logits, **rest)
+    return output if return_dict else output.to_tuple()
 
 
 def _causal_lm_classes(family) -> tuple:
