@@ -338,6 +338,49 @@ def test_llama4_apply_rotary_emb_dropin():
         assert rel_error(a, b) <= FP32_RTOL
 
 
+@pytest.mark.parametrize("family", ["llama", "llama4"])
+def test_rope_patch_leaves_float64_models_to_transformers(family):
+    """The rope patch is module-wide, so it reaches a float64 model of the family, whose dtypes the rope ops refuse:
+    the drop-ins compute it as transformers does (chosen from dtypes alone), with the same logits, loss and
+    gradients, and no rope op runs."""
+    op = FAMILIES[family][1][1]
+    _require_ops((op,))
+    ids = _batch()
+    fp64 = _build(family, torch.float64)
+    ref = _run(fp64, ids)
+    nlt.apply_to_model(_build(family))  # another model of the family
+    assert nlt.patch_summary(fp64)["rope"], "the rope patch did not reach the float64 model"
+    with CountOps() as counter:
+        got = _run(fp64, ids)
+    assert op not in counter.counts, counter.counts
+    for name, value in ref.items():
+        assert (value is None) == (got[name] is None), name
+        assert value is None or (got[name].dtype == value.dtype and torch.equal(got[name], value)), name
+    assert ref["logits"].dtype == torch.float64
+
+
+def test_rope_dropins_leave_unsupported_dtypes_to_transformers():
+    """float64 q/k: the ops refuse them; each drop-in gives transformers' result (the same computation)."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.llama4 import modeling_llama4
+
+    q, k = (t.detach().double() for t in _qk(1))
+    g = torch.Generator().manual_seed(5)
+    angles = (torch.rand(BATCH, SEQ, 4, generator=g, dtype=torch.float64) * 6).to(DEVICE)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    for got, ref in ((nlt.apply_rotary_pos_emb(q, k, cos, sin), modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)),
+                     (nlt.apply_multimodal_rotary_pos_emb(q, k, cos.expand(3, -1, -1, -1), sin.expand(3, -1, -1, -1),
+                                                          [1, 1, 2]),
+                      modeling_llama.apply_rotary_pos_emb(q, k, cos, sin))):
+        for a, b in zip(got, ref, strict=True):
+            assert a.dtype == torch.float64 and torch.equal(a, b)
+    q, k = (t.detach().double() for t in _qk(2))
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)  # complex128
+    for a, b in zip(nlt.apply_rotary_emb(q, k, freqs_cis), modeling_llama4.apply_rotary_emb(q, k, freqs_cis),
+                    strict=True):
+        assert a.dtype == torch.float64 and torch.equal(a, b)
+
+
 def test_imports_without_transformers():
     """transformers is the optional `hf` extra: the subpackage imports without it and says so when used."""
     code = (
