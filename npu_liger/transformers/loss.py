@@ -21,7 +21,8 @@ subclass, a forward hook, an ``nn.Sequential``) is called instead, its logits (s
 ``npu_liger.cross_entropy`` in float32 with the same reduction, and the output carries them.
 
 ``return_dict``: as transformers' ``can_return_tuple`` decides (the call's ``return_dict``, else
-``config.return_dict``); a tuple is the output's ``to_tuple()``, so the fused loss's tuple has no logits entry.
+``config.return_dict``). A tuple runs the original forward: without logits, ``to_tuple()`` would move every later
+field up one place (``loss, logits = out[:2]`` would silently get the cache).
 
 Only forwards whose source has the shape above are patched (a transformers release that changed it is left
 alone, with a warning).
@@ -188,11 +189,11 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     """The patched ``*ForCausalLM.forward``: see the module docstring. Arguments after input_ids are taken by
     keyword (as the Trainer and generate pass them); positional ones go to the original forward."""
     labels = kwargs.get("labels")
-    if args or not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self):
+    if (args or not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self)
+            or not _return_dict(self, kwargs.get("return_dict"))):
         return type(self).forward(self, input_ids, *args, **kwargs)
     plan = _plan_of(type(self))
-    return_dict = _return_dict(self, kwargs.pop("return_dict", None))
-    model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep")}
+    model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep", "return_dict")}
     if not self.config.return_dict:  # the inner model would return a tuple too; its fields are wanted by name
         model_kwargs["return_dict"] = True
     outputs = self.model(input_ids=input_ids, **model_kwargs)
@@ -202,8 +203,7 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     loss, logits = causal_lm_loss_and_logits(hidden, self.lm_head, labels, softcap, kwargs.get("num_items_in_batch"),
                                              kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))
     rest = {f: getattr(outputs, f, None) for f in plan.fields}
-    output = plan.output_cls(loss=loss, logits=logits, **rest)
-    return output if return_dict else output.to_tuple()
+    return plan.output_cls(loss=loss, logits=logits, **rest)
 
 
 def _causal_lm_classes(family) -> tuple:
