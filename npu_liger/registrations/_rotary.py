@@ -4,9 +4,7 @@
     <op>_backward(Tensor grad_q, Tensor grad_k, <tables>) -> (Tensor, Tensor)
 
 The rotation is linear, so the backward needs only the tables (saved), never q or k; the tables get no gradient.
-In plain eager backward passes the formula launches the kernels directly (``eager_kernels_allowed``), saving the
-dispatcher round trip and the backward op's Python wrapper (tens of µs per call on a slow host); everywhere else
-(torch.compile, dispatch modes, DTensor, create_graph) it calls the backward op.
+The backward op's trusted kernel (``define_op``) skips the input checks in plain eager backward passes.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from typing import Callable, Tuple
 
 import torch
 
-from ..npu_ops._triton import serialized
-from ._op import define_autograd, define_op, eager_kernels_allowed, forbid_double_backward
+from ._op import call_op, define_autograd, define_op, forbid_double_backward
 from ._sharding import sharding_rule
 
 
@@ -43,8 +40,7 @@ def define_rotary_op(name: str, tables_schema: str, *, forward: Callable, backwa
 
     op = define_op(f"{name}(Tensor q, Tensor k, {tables_schema}) -> (Tensor, Tensor)", kernel=forward, fake=fake)
     backward_op = define_op(f"{name}_backward(Tensor grad_q, Tensor grad_k, {tables_schema}) -> (Tensor, Tensor)",
-                            kernel=backward, fake=backward_fake)
-    direct_backward = serialized(launch_backward)
+                            kernel=backward, fake=backward_fake, trusted_kernel=launch_backward)
 
     def setup_context(ctx, inputs, output):
         tables = inputs[2:]
@@ -52,14 +48,9 @@ def define_rotary_op(name: str, tables_schema: str, *, forward: Callable, backwa
         ctx.constants = [None if isinstance(t, torch.Tensor) else t for t in tables]  # e.g. mrope_section
 
     def backward_formula(ctx, grad_q, grad_k):
-        saved_tensors = ctx.saved_tensors  # unpacked once: non-reentrant checkpointing allows no second unpack
-        saved = iter(saved_tensors)
+        saved = iter(ctx.saved_tensors)  # unpacked once: non-reentrant checkpointing allows no second unpack
         tables = [next(saved) if constant is None else constant for constant in ctx.constants]
-        if eager_kernels_allowed(grad_q, grad_k, *saved_tensors):
-            grads = direct_backward(grad_q, grad_k, *tables)
-        else:
-            grads = backward_op(grad_q, grad_k, *tables)
-        return (*grads, *([None] * len(tables)))
+        return (*call_op(backward_op, grad_q, grad_k, *tables), *([None] * len(tables)))
 
     entry = define_autograd(op, backward=backward_formula, setup_context=setup_context, kernel=forward)
     forbid_double_backward(backward_op, name)

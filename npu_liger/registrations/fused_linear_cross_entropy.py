@@ -12,13 +12,9 @@ import torch
 
 from ..npu_ops.fused_linear_cross_entropy import (check_flce_inputs, fused_linear_cross_entropy_backward,
                                                    fused_linear_cross_entropy_forward)
-from ..npu_ops._triton import serialized
-from ._loss import check_computed, eager_plain, scale_in_place, scaled, sharded_rows_result, take_grads, wants_grad
-from ._op import define_autograd, define_composite, define_op, forbid_double_backward
+from ._loss import check_computed, scale_in_place, scaled, sharded_rows_result, take_grads, wants_grad
+from ._op import EagerPath, define_autograd, define_composite, define_entry, define_op, forbid_double_backward
 from ._sharding import sharding_rule
-
-# called directly below: one CPU launch at a time
-fused_linear_cross_entropy_forward = serialized(fused_linear_cross_entropy_forward)
 
 __all__ = ["fused_linear_cross_entropy"]
 
@@ -125,24 +121,30 @@ def _flce_backward_sharding(pl, *args):
     return [pl.case([pl.R] * 3), pl.case([pl.S(0), pl.P, pl.P], grad_loss=pl.S(0), x=pl.S(0), target=pl.S(0))]
 
 
-class FusedLinearCrossEntropyEager(torch.autograd.Function):
-    """Eager training calls (sum and mean): the forward's gradients are scaled in place by the backward."""
+def _loss_only(x, weight, target, bias, *options):
+    return fused_linear_cross_entropy_forward(x, weight, target, bias, *options)[0]
 
-    @staticmethod
-    def forward(ctx, x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale,
-                grad_x, grad_weight, grad_bias):
-        loss, *grads = fused_linear_cross_entropy_forward(x, weight, target, bias, ignore_index, reduction,
-                                                          label_smoothing, softcap, lse_square_scale, grad_x,
-                                                          grad_weight, grad_bias)
-        ctx.grads, ctx.reduction, ctx.flags = grads, reduction, (grad_x, grad_weight, grad_bias)
-        return loss
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grads = take_grads(ctx, _NAME)
-        gx, gw, gb = (scale_in_place(g, grad_loss, ctx.reduction) if flag else None
-                      for g, flag in zip(grads, ctx.flags))
-        return gx, gw, None, gb, None, None, None, None, None, None, None, None
+def _eager_forward(ctx, x, weight, target, bias, *options):
+    """Eager training calls (sum and mean): the forward keeps the gradients it computed for the backward to scale
+    in place (``_loss.py``)."""
+    ctx.flags = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+    loss, *ctx.grads = fused_linear_cross_entropy_forward(x, weight, target, bias, *options, *ctx.flags)
+    return loss
+
+
+def _eager_backward(ctx, grad_loss):
+    grads = take_grads(ctx, _NAME)
+    gx, gw, gb = (scale_in_place(g, grad_loss) if flag else None for g, flag in zip(grads, ctx.flags))
+    return gx, gw, None, gb, None, None, None, None, None
+
+
+def _reduced(x, weight, target, bias, ignore_index, reduction, *options) -> bool:
+    return reduction != "none"  # ``none`` scales each row before the weight gradient sums them: the op's backward
+
+
+_flce_entry = define_entry(fused_linear_cross_entropy_op, kernel=_loss_only,
+                           eager=EagerPath(_eager_forward, _eager_backward, applies=_reduced))
 
 
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -157,13 +159,4 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
     divided by a count of your own (HF's ``num_items_in_batch`` under gradient accumulation) use
     ``reduction="sum"`` and divide the result.
     """
-    if eager_plain(x, weight, target, bias):
-        flags = (wants_grad(x), wants_grad(weight), wants_grad(bias))
-        if not any(flags):
-            return fused_linear_cross_entropy_forward(x, weight, target, bias, ignore_index, reduction,
-                                                      label_smoothing, softcap, lse_square_scale)[0]
-        if reduction != "none":
-            return FusedLinearCrossEntropyEager.apply(x, weight, target, bias, ignore_index, reduction,
-                                                      label_smoothing, softcap, lse_square_scale, *flags)
-    return fused_linear_cross_entropy_op(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap,
-                                         lse_square_scale)
+    return _flce_entry(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
