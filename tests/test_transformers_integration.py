@@ -19,7 +19,6 @@ import copy
 import inspect
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -28,7 +27,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from checklist import DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error
 
 transformers = pytest.importorskip("transformers")
-import npu_liger  # noqa: E402
 import npu_liger.transformers as nlt  # noqa: E402
 
 VOCAB, BATCH, SEQ = 128, 2, 6  # small: the CPU interpreter runs rope one (batch, seq) row per program

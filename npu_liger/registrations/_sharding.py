@@ -112,7 +112,7 @@ def _register(op, rule: Callable[..., List[tuple]]) -> None:
     widen = first_scalar < first_int  # e.g. tvd's reduction (a str) sits before its first int
     if widen and api.RuntimeSchemaInfo is None:
         warnings.warn(f"npu_liger: no DTensor sharding rule for {name} on this torch version "
-                      "(its non-tensor arguments cannot be made part of DTensor's sharding cache key)")
+                      "(its non-tensor arguments cannot be made part of DTensor's sharding cache key)", stacklevel=2)
         return
 
     def dtensor_rule(*args):

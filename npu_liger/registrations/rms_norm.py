@@ -10,6 +10,7 @@ import torch
 from ..npu_ops.rms_norm import (check_fused_add_rms_norm_backward_inputs, check_rms_norm_grad,
                                 check_rms_norm_inputs, fused_add_rms_norm_backward, fused_add_rms_norm_forward,
                                 rms_norm_backward, rms_norm_forward, rms_norm_output_dtype)
+from ..npu_ops._triton import new_like
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
 from ._sharding import sharding_rule
 
@@ -17,29 +18,25 @@ from ._sharding import sharding_rule
 __all__ = ["rms_norm", "fused_add_rms_norm"]
 
 
-def _new_like(x, dtype=None):
-    return torch.empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
-
-
 def _rms_norm_fake(x, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
     check_rms_norm_inputs(x, weight, eps, offset, casting_mode)
-    return _new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode))
+    return new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode))
 
 
 def _rms_norm_backward_fake(grad_out, x, weight, eps, offset, casting_mode):
     check_rms_norm_inputs(x, weight, eps, offset, casting_mode)
     check_rms_norm_grad("grad_out", grad_out, x, weight, casting_mode)
-    return _new_like(x), _new_like(weight)
+    return new_like(x), new_like(weight)
 
 
 def _fused_add_rms_norm_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
     check_rms_norm_inputs(x, weight, eps, offset, casting_mode, residual)
-    return _new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode)), _new_like(x)
+    return new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode)), new_like(x)
 
 
 def _fused_add_rms_norm_backward_fake(grad_normed, grad_sum, s, weight, eps, offset, casting_mode):
     check_fused_add_rms_norm_backward_inputs(grad_normed, grad_sum, s, weight, eps, offset, casting_mode)
-    return _new_like(s), _new_like(weight)
+    return new_like(s), new_like(weight)
 
 
 _ARGS = 'float eps=1e-06, float offset=0.0, str casting_mode="llama"'

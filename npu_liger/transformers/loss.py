@@ -97,7 +97,8 @@ def _plan(cls: type) -> Optional[_Plan]:
         return _unknown(cls, "no source to check")
     signature = inspect.signature(forward)
     forwarded = [p for p in signature.parameters if p not in _NOT_FORWARDED]
-    missing = [f for f in _REQUIRED if not any(form in source for form in (f if isinstance(f, tuple) else (f,)))] + [f"{p}={p}" for p in forwarded if f"{p}={p}" not in source]
+    missing = [f for f in _REQUIRED if not any(form in source for form in (f if isinstance(f, tuple) else (f,)))]
+    missing += [f"{p}={p}" for p in forwarded if f"{p}={p}" not in source]
     softcap = "final_logit_softcapping" in source
     if softcap:
         missing += [f for f in _SOFTCAP if f not in source]
