@@ -4,7 +4,9 @@
 
 ``make()`` returns fresh positional arguments of the public function ``npu_liger.<name>``; ``grads`` names the
 positions whose gradient the op computes; ``reference`` is the same computation in plain torch (Hugging Face's own
-function where one exists), called with the same arguments.
+function where one exists), called with the same arguments. A second case of the same op (another form of its
+arguments, e.g. an absent optional tensor) has a key of its own and names its op in ``function``; tests reach the
+function and the op through ``public_name(key)``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class OpCase(NamedTuple):
     reference: Callable
     # the op's name in torch.ops.npu_liger when the public function's arguments need translating for it
     op_args: Optional[Callable[[tuple], tuple]] = None
+    # the public function (and op) this case calls, when the key is not its name: a second case of one op
+    function: Optional[str] = None
 
 
 def index(shape, high):
@@ -84,7 +88,7 @@ def llama4_rope_reference(q, k, freqs_cis):
 
 def rms_norm_reference(x, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
     h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    return (offset + weight) * h.to(x.dtype)
+    return h.to(x.dtype) if weight is None else (offset + weight) * h.to(x.dtype)
 
 
 def fused_add_rms_norm_reference(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
@@ -121,6 +125,7 @@ CASES = {
                                    torch.polar(torch.ones(5, 4, device=DEVICE), randn((5, 4)))), (0, 1),
                           llama4_rope_reference),
     "rms_norm": OpCase(lambda: (randn((3, 16)), randn((16,))), (0, 1), rms_norm_reference),
+    "rms_norm_no_weight": OpCase(lambda: (randn((3, 16)), None), (0,), rms_norm_reference, function="rms_norm"),
     "fused_add_rms_norm": OpCase(lambda: (randn((3, 16)), randn((3, 16)), randn((16,))), (0, 1, 2),
                                  fused_add_rms_norm_reference),
     "layer_norm": OpCase(lambda: (randn((3, 16)), randn((16,)), randn((16,))), (0, 1, 2), layer_norm_reference),
@@ -131,6 +136,11 @@ CASES = {
 OPS = sorted(CASES)
 
 
+def public_name(name: str) -> str:
+    """The public function (``npu_liger.<it>``) and op (``torch.ops.npu_liger.<it>``) the case ``name`` calls."""
+    return CASES[name].function or name
+
+
 def op_args(name: str, args: tuple) -> tuple:
     """The op's positional arguments for the public function's ``args``."""
     translate = CASES[name].op_args
@@ -138,4 +148,4 @@ def op_args(name: str, args: tuple) -> tuple:
 
 
 def run_op(name: str, args: tuple):
-    return getattr(torch.ops.npu_liger, name)(*op_args(name, args))
+    return getattr(torch.ops.npu_liger, public_name(name))(*op_args(name, args))

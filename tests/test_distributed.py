@@ -350,8 +350,16 @@ def norm_ops(env):
     with_bias = [layout(pl[0], pl[1], pl[1], out=out, no_comm=nc) for pl, out, nc in rows]
     check_sharded(env, lambda x_, w_, b_: npu_liger.layer_norm(x_, w_, b_), (x, w, b), with_bias, grads=(0, 1, 2))
     check_sharded(env, lambda x_: npu_liger.layer_norm(x_), (x,), [layout(S(0), out=(S(0),))], grads=(0,))
-    # the backward op with a Partial incoming gradient stays Partial
+    # no weight (elementwise_affine=False): rows sharded or replicated, the backward ops have no weight gradient
+    check_sharded(env, lambda x_: npu_liger.rms_norm(x_, None), (x,),
+                  [layout(pl, out=(pl,)) for pl in (R, S(0), S(1))] + [layout(S(2), no_comm=False)], grads=(0,))
+    check_sharded(env, lambda x_, r_: npu_liger.fused_add_rms_norm(x_, r_, None, 1e-6, 1.0, "gemma"), (x, r),
+                  [layout(pl, pl, out=(pl, pl)) for pl in (R, S(1))], grads=(0, 1))
     g = env.randn(4, 6, 16, seed=24)
+    got = torch.ops.npu_liger.rms_norm_backward(_from_local(env, g, S(0)), _from_local(env, x, S(0)), None, 1e-6,
+                                                0.0, "llama")
+    assert got[0].placements == (S(0),) and got[1] is None, got
+    # the backward op with a Partial incoming gradient stays Partial
     got = torch.ops.npu_liger.rms_norm_backward(_from_local(env, g / env.world, P), _from_local(env, x, R),
                                                 _from_local(env, w, R), 1e-6, 0.0, "llama")
     assert [t.placements for t in got] == [(P,), (P,)], [t.placements for t in got]

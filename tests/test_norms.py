@@ -23,12 +23,16 @@ LEADING = st.sampled_from([(1,), (5,), (3, 4), (2, 3, 7), (45,)])
 
 def rms_reference(x, w, eps=1e-6, offset=0.0, mode="llama"):
     """Hugging Face's RMSNorm computations (LlamaRMSNorm: llama, GemmaRMSNorm: gemma) and x's dtype throughout
-    (none). Float64 inputs give the exact reference."""
+    (none). Float64 inputs give the exact reference. ``w`` None: no scale (offset unused), as Llama-4's
+    Llama4TextL2Norm computes it (llama, gemma) or in x's dtype (none)."""
     stat = torch.float64 if x.dtype == torch.float64 else torch.float32
     if mode == "none":
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + w)
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return h if w is None else h * (offset + w)
     h = x.to(stat)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if w is None:
+        return h.to(x.dtype)
     if mode == "llama":
         return (offset + w) * h.to(x.dtype)
     return (h * (offset + w.to(stat))).to(x.dtype)
@@ -107,6 +111,24 @@ def test_rms_norm_matches_reference(leading, n_cols, dtype, mode, offset, noncon
 
 
 @given(leading=LEADING, n_cols=COLS, dtype=st.sampled_from(FLOAT_DTYPES), mode=st.sampled_from(MODES),
+       offset=st.sampled_from([0.0, 1.0]), noncontiguous=st.booleans(), fused=st.booleans())
+def test_rms_norm_without_weight_matches_reference(leading, n_cols, dtype, mode, offset, noncontiguous, fused):
+    """``weight=None``: ``x * rsqrt(mean(x^2) + eps)`` in x's dtype, the offset unused; x's (and residual's)
+    gradient only. Rounded once in llama and gemma modes (the normalised x is the result), twice in none."""
+    x = randn((*leading, n_cols), dtype, noncontiguous=noncontiguous)
+    if fused:
+        r = randn((*leading, n_cols), dtype)
+        outs = check_against_reference(lambda x, r: npu_liger.fused_add_rms_norm(x, r, None, 1e-6, offset, mode),
+                                       lambda x, r: fused_reference(x, r, None, 1e-6, 0.0, mode), (x, r),
+                                       ("x", "residual"), (1 if mode == "gemma" else 2) + 1)
+    else:
+        outs = check_against_reference(lambda x: npu_liger.rms_norm(x, None, 1e-6, offset, mode),
+                                       lambda x: rms_reference(x, None, 1e-6, 0.0, mode), (x,), ("x",),
+                                       1 if mode != "none" else 2)
+    assert outs[0].dtype == dtype
+
+
+@given(leading=LEADING, n_cols=COLS, dtype=st.sampled_from(FLOAT_DTYPES), mode=st.sampled_from(MODES),
        noncontiguous=st.booleans())
 def test_fused_add_rms_norm_matches_reference(leading, n_cols, dtype, mode, noncontiguous):
     x = randn((*leading, n_cols), dtype, noncontiguous=noncontiguous)
@@ -169,6 +191,20 @@ def test_matches_hf_rms_norm_modules(name, shape, dtype):
     assert torch.equal(ours(x), outs[0])  # the module is the function
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_matches_hf_weightless_norm_module(dtype):
+    """Llama4TextL2Norm, Llama-4's qk norm, has no weight: ``RMSNorm(..., elementwise_affine=False)``."""
+    pytest.importorskip("transformers")
+    from transformers.models.llama4 import modeling_llama4
+
+    hf = modeling_llama4.Llama4TextL2Norm(1e-5)
+    ours = npu_liger.nn.RMSNorm(48, eps=1e-5, elementwise_affine=False)
+    assert ours.weight is None and ours.state_dict() == {} and "elementwise_affine=False" in repr(ours)
+    x = randn((2, 3, 4, 48), dtype)
+    outs = check_against_reference(ours, hf, (x,), ("x",))
+    assert torch.equal(outs[0], npu_liger.rms_norm(x, None, 1e-5))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_llama_mode_promotes_like_hf_with_an_fp32_weight(dtype):
     """LlamaRMSNorm returns ``weight * h.to(x.dtype)``: an fp32 weight with half x gives an fp32 result."""
@@ -196,8 +232,12 @@ def test_tiny_ub_loops_wide_rows_and_packs_narrow_rows(small_ub):
         for mode in MODES:
             check_against_reference(lambda x, w: npu_liger.rms_norm(x, w, 1e-6, 0.0, mode),
                                     lambda x, w: rms_reference(x, w, 1e-6, 0.0, mode), (x, w), ("x", "weight"))
+            check_against_reference(lambda x: npu_liger.rms_norm(x, None, 1e-6, 0.0, mode),
+                                    lambda x: rms_reference(x, None, 1e-6, 0.0, mode), (x,), ("x",))
         check_against_reference(lambda x, r, w: npu_liger.fused_add_rms_norm(x, r, w),
                                 fused_reference, (x, r, w), ("x", "residual", "weight"))
+        check_against_reference(lambda x, r: npu_liger.fused_add_rms_norm(x, r, None),
+                                lambda x, r: fused_reference(x, r, None), (x, r), ("x", "residual"))
         check_against_reference(lambda x, w, b: npu_liger.layer_norm(x + 20.0, w, b),
                                 lambda x, w, b: ln_reference(x + 20.0, w, b), (x, w, b), ("x", "weight", "bias"))
     x = randn((7, 300), torch.bfloat16, noncontiguous=True)  # half precision through the looped path
@@ -259,7 +299,8 @@ def test_single_column():
 def test_empty_inputs(shape):
     x, r = randn(shape, requires_grad=True), randn(shape, requires_grad=True)
     w, b = randn(shape[-1:], requires_grad=True), randn(shape[-1:], requires_grad=True)
-    outs = [npu_liger.rms_norm(x, w), *npu_liger.fused_add_rms_norm(x, r, w), npu_liger.layer_norm(x, w, b)]
+    outs = [npu_liger.rms_norm(x, w), *npu_liger.fused_add_rms_norm(x, r, w), npu_liger.layer_norm(x, w, b),
+            npu_liger.rms_norm(x, None), *npu_liger.fused_add_rms_norm(x, r, None)]
     assert all(o.shape == shape for o in outs)
     sum(o.sum() for o in outs).backward()
     assert x.grad.shape == shape and r.grad.shape == shape
@@ -283,6 +324,14 @@ def test_opcheck(dtype):
             run_opcheck(torch.ops.npu_liger.fused_add_rms_norm_backward.default,
                         (dy, grad_sum, x.detach(), w.detach(), 1e-6, 0.0, mode))
     run_opcheck(torch.ops.npu_liger.rms_norm.default, (strided, w.detach()))
+    for mode in MODES:  # no weight: the backward ops return no weight gradient
+        run_opcheck(torch.ops.npu_liger.rms_norm.default, (x, None, 1e-6, 0.5, mode))
+        run_opcheck(torch.ops.npu_liger.fused_add_rms_norm.default, (x, r, None, 1e-6, 0.0, mode))
+        run_opcheck(torch.ops.npu_liger.rms_norm_backward.default, (dy, x.detach(), None, 1e-6, 0.0, mode))
+        run_opcheck(torch.ops.npu_liger.fused_add_rms_norm_backward.default,
+                    (dy, dy, x.detach(), None, 1e-6, 0.0, mode))
+    assert torch.ops.npu_liger.rms_norm_backward(dy, x.detach(), None, 1e-6, 0.0, "llama")[1] is None
+    assert torch.ops.npu_liger.fused_add_rms_norm_backward(dy, None, x.detach(), None, 1e-6, 0.0, "llama")[1] is None
     for weight, bias in ((w, b), (w, None), (None, None)):
         run_opcheck(torch.ops.npu_liger.layer_norm.default, (x, weight, bias, 1e-5))
         run_opcheck(torch.ops.npu_liger.layer_norm_backward.default,
@@ -294,7 +343,8 @@ def test_opcheck(dtype):
 def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
     def fn(x, r, w, b):
         normed, s = npu_liger.fused_add_rms_norm(x * 2.0, r, w, 1e-6, 1.0, "gemma")
-        return npu_liger.rms_norm(normed, w) + npu_liger.layer_norm(s, w, b)
+        bare, _ = npu_liger.fused_add_rms_norm(s, x, None)
+        return npu_liger.rms_norm(normed, w) + npu_liger.layer_norm(s, w, b) + npu_liger.rms_norm(bare * s, None)
 
     def make(n):
         return (randn((n, 3, 40), requires_grad=True), randn((n, 3, 40)), randn((40,), requires_grad=True),
@@ -333,6 +383,9 @@ def test_double_backward_raises_clear_error():
     (lambda: npu_liger.layer_norm(randn((3, 8)), randn((8,)).int()), TypeError, "weight must be float32"),
     (lambda: torch.ops.npu_liger.rms_norm_backward(randn((3, 8), torch.float16), randn((3, 8)), randn((8,)), 1e-6,
                                                    0.0, "llama"), TypeError, "grad_out must be torch.float32"),
+    (lambda: torch.ops.npu_liger.rms_norm_backward(randn((3, 8), torch.float16), randn((3, 8)), None, 1e-6, 0.0,
+                                                   "llama"), TypeError, "grad_out must be torch.float32"),
+    (lambda: npu_liger.rms_norm(randn((3, 8)), randn((8,)).numpy()), TypeError, "weight must be a torch.Tensor"),
     (lambda: torch.ops.npu_liger.layer_norm_backward(randn((3, 9)), randn((3, 8)), None, None, 1e-5), ValueError,
      r"grad_out must have shape \(3, 8\)"),
 ])
@@ -430,6 +483,8 @@ def test_cuda_kernel_variants_give_the_same_results(monkeypatch, small_ub):
             check_against_reference(lambda x, w: npu_liger.rms_norm(x, w, 1e-6, offset, mode),
                                     lambda x, w: rms_reference(x, w, 1e-6, offset, mode), (x, w), ("x", "weight"),
                                     rounding_points(mode))
+            check_against_reference(lambda x: npu_liger.rms_norm(x, None, 1e-6, offset, mode),
+                                    lambda x: rms_reference(x, None, 1e-6, offset, mode), (x,), ("x",))
         check_against_reference(lambda x, r, w: npu_liger.fused_add_rms_norm(x, r, w), fused_reference, (x, r, w),
                                 ("x", "residual", "weight"), rounding_points("llama", fused=True))
         check_against_reference(lambda x, w, b: npu_liger.layer_norm(x, w, b), ln_reference, (x, w, b),

@@ -17,7 +17,7 @@ torch.compile included (whose partitioner makes its own recomputation choices), 
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -88,16 +88,62 @@ def gated_down_proj(gate_name: str, a: torch.Tensor, b: torch.Tensor, down_proj:
     return down_proj(gate(a, b))
 
 
+# gate name -> the config activations (``hidden_act`` / ``hidden_activation``) it computes. GEGLU is the tanh
+# approximation; "gelu" is accepted as Liger-Kernel accepts it: Gemma's legacy value, which transformers itself
+# reads as the tanh approximation (GemmaConfig rewrites it).
+CONFIG_ACTIVATIONS = {"swiglu": ("silu", "swish"), "geglu": ("gelu_pytorch_tanh", "gelu")}
+
+
+def _config_activation(config):
+    for name in ("hidden_activation", "hidden_act"):  # Gemma 2/3 name it hidden_activation
+        value = getattr(config, name, None)
+        if value is not None:
+            return name, value
+    return None, None
+
+
 class GatedMLP(nn.Module):
     """``down_proj(gate(gate_proj(x), up_proj(x)))`` with the gate product fused into one npu_liger kernel and
     recomputed in backward rather than kept (``gated_down_proj``). Parameter names match Hugging Face's gated
-    MLPs, so their state dicts load unchanged."""
+    MLPs, so their state dicts load unchanged.
+
+    Built from sizes, ``Cls(hidden_size, intermediate_size, bias=False, device=None, dtype=None)``, or from a
+    transformers config as Liger-Kernel's ``LigerSwiGLUMLP(config)`` / ``LigerGEGLUMLP(config)`` are:
+    ``Cls(config)`` (or ``config=``) reads ``hidden_size``, ``intermediate_size`` (a second argument overrides
+    it, as ``LigerQwen3MoeSwiGLUMLP(config, intermediate_size)`` does), ``mlp_bias`` (as Hugging Face's MLPs do;
+    absent: no bias) and checks the activation (``hidden_act`` / ``hidden_activation``): one this gate does not
+    compute raises ValueError instead of silently computing another."""
 
     gate_name: str  # a key of GATES, set by each subclass
     gate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # its public function
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None):
+    def __init__(self, hidden_size=None, intermediate_size: Optional[int] = None, bias: Optional[bool] = None,
+                 device=None, dtype=None, *, config=None):
         super().__init__()
+        cls = type(self).__name__
+        usage = (f"{cls}(hidden_size, intermediate_size, bias=False, device=None, dtype=None) or {cls}(config) "
+                 "with a transformers config (hidden_size, intermediate_size, hidden_act)")
+        if config is None and hidden_size is not None and not isinstance(hidden_size, int):
+            config, hidden_size = hidden_size, None  # Cls(config), Liger-Kernel's form
+        if config is not None:
+            if hidden_size is not None:
+                raise TypeError(f"{usage}: got both a config and hidden_size={hidden_size!r}")
+            hidden_size = getattr(config, "hidden_size", None)
+            if intermediate_size is None:
+                intermediate_size = getattr(config, "intermediate_size", None)
+            if bias is None:
+                bias = bool(getattr(config, "mlp_bias", False))
+            attr, act = _config_activation(config)
+            if act is not None and act not in CONFIG_ACTIVATIONS[self.gate_name]:
+                raise ValueError(f"{cls} computes {self.gate_name} ({' / '.join(CONFIG_ACTIVATIONS[self.gate_name])}"
+                                 f"), but the config's {attr} is {act!r}")
+        for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"{usage}: {name} must be a non-negative int"
+                                f"{' (the config has none)' if config is not None and value is None else ''}, "
+                                f"got {value!r}")
+        bias = bool(bias) if bias is not None else False
+        self.config = config
         factory = {"device": device, "dtype": dtype}
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size

@@ -20,6 +20,7 @@ patched, never by importing this package.
 from __future__ import annotations
 
 from .families import FAMILIES
+from .liger_compat import *  # noqa: F401,F403 - Liger-Kernel's apply_liger_kernel_to_<family> names
 from .model import apply_to_family, apply_to_model, patch_summary, revert, unpatch
 from .ops_used import count_npu_liger_ops
 from .rope import apply_multimodal_rotary_pos_emb, apply_rotary_emb, apply_rotary_pos_emb

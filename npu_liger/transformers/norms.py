@@ -36,6 +36,11 @@ def _llama4_rms_forward(self, x):
     return npu_liger.rms_norm(x, self.weight, self.eps, 0.0, "llama")
 
 
+def _l2_norm_forward(self, x):
+    """Llama4TextL2Norm (Llama-4's weightless qk norm): ``normalised(x.float()).type_as(x)``."""
+    return npu_liger.rms_norm(x, None, self.eps, 0.0, "llama")
+
+
 def _gemma_rms_forward(self, x):
     """GemmaRMSNorm (Gemma 1/2/3): ``(normalised(x) * (1 + weight.float())).type_as(x)``, all fp32."""
     return npu_liger.rms_norm(x, self.weight, self.eps, 1.0, "gemma")
@@ -51,6 +56,7 @@ _LLAMA_SOURCE = ("hidden_states.to(torch.float32)", "variance=hidden_states.pow(
                  "returnself.weight*hidden_states.to(input_dtype)")
 _NORM_METHOD = "returnx*torch.rsqrt(x.pow(2).mean(-1,keepdim=True)+self.eps)"
 _LLAMA4_SOURCE = (_NORM_METHOD, "output=self._norm(x.float()).type_as(x)", "returnoutput*self.weight")
+_L2_SOURCE = (_NORM_METHOD, "returnself._norm(x.float()).type_as(x)")
 _GEMMA_SOURCE = (_NORM_METHOD, "output=self._norm(x.float())", "output=output*(1.0+self.weight.float())",
                  "returnoutput.type_as(x)")
 
@@ -62,9 +68,10 @@ RMS_NORM_CLASSES: Dict[str, Tuple] = {
                     "Qwen2_5_VLRMSNorm", "Qwen3VLTextRMSNorm")},
     **{name: (_gemma_rms_forward, _GEMMA_SOURCE) for name in ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")},
     "Llama4TextRMSNorm": (_llama4_rms_forward, _LLAMA4_SOURCE),
+    "Llama4TextL2Norm": (_l2_norm_forward, _L2_SOURCE),  # no weight
 }
 NORM_OPS = {_llama_rms_forward: "rms_norm", _llama4_rms_forward: "rms_norm", _gemma_rms_forward: "rms_norm",
-            _layer_norm_forward: "layer_norm"}
+            _l2_norm_forward: "rms_norm", _layer_norm_forward: "layer_norm"}
 
 
 @functools.lru_cache(maxsize=None)

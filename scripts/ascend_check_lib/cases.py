@@ -175,11 +175,15 @@ OPS: List[Op] = [
        [Problem("b4 s4096 h32/8 d128", _llama4(4, 4096, 32, 8, 128, (4096, 64)), bench=True),
         Problem("b2 s7 h3/1 d72 per-batch freqs", _llama4(2, 7, 3, 1, 72, (2, 7, 36)))]),
     # whole rows (4096; 8192 forward, with and without the offset), looped rows (8192 backward, 16384), many narrow
-    # rows per tile (head_dim 128)
+    # rows per tile (head_dim 128); each with and without a weight
     Op("rms_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
                     Problem("8192x8192 gemma", _norm(8192, 8192, casting_mode="gemma", offset=1.0)),
                     Problem("q/k norm 524288x128 gemma", _norm(4 * 4096 * 32, 128, casting_mode="gemma", offset=1.0)),
-                    Problem("7x131 none", _norm(7, 131, casting_mode="none")), Problem("3x20000", _norm(3, 20000))],
+                    Problem("7x131 none", _norm(7, 131, casting_mode="none")), Problem("3x20000", _norm(3, 20000)),
+                    # no weight (HAS_WEIGHT off): Llama-4's qk norm (whole narrow rows), whole and looped rows
+                    Problem("q/k norm 524288x128 no weight", _norm(4 * 4096 * 32, 128, weight=False)),
+                    Problem("8192x4096 no weight", _norm(8192, 4096, weight=False)),
+                    Problem("5x20001 no weight none", _norm(5, 20001, weight=False, casting_mode="none"))],
        _RMS_CALLS),
     Op("layer_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
                       Problem("1280x1280 no bias", _norm(1280, 1280, bias=False)),
