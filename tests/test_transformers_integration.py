@@ -408,6 +408,30 @@ def test_norm_flag_and_every_rms_norm_patched():
     assert counter.counts == {"rms_norm": n_norms}, counter.counts
 
 
+def test_llama4_weightless_qk_norm_is_patched():
+    """Llama-4's qk norm (Llama4TextL2Norm) has no weight: rms_norm without one, the same output and gradient."""
+    model = _build("llama4")
+    qk_norms = [m for m in model.modules() if type(m).__name__ == "Llama4TextL2Norm"]
+    assert qk_norms, "the test model has no qk norm (use_qk_norm)"
+    norm = qk_norms[0]
+    x = torch.randn(2, 5, 4, 8, generator=torch.Generator().manual_seed(6)).to(DEVICE).requires_grad_(True)
+
+    def run():
+        x.grad = None
+        out = norm(x)
+        (out * torch.linspace(-1, 2, out.numel(), device=DEVICE).view(out.shape)).sum().backward()
+        return {"out": out.detach().clone(), "x": x.grad.clone()}
+
+    ref = run()
+    nlt.apply_to_model(model, rope=False, mlp=False)
+    norms = nlt.patch_summary(model)["norm"]["rms_norm"]
+    assert norms == sum(type(m).__name__ in ("Llama4TextRMSNorm", "Llama4TextL2Norm") for m in model.modules())
+    with CountOps() as counter:
+        got = run()
+    assert counter.counts == {"rms_norm": 1, "rms_norm_backward": 1}, counter.counts
+    _assert_matches(got, ref)
+
+
 def test_vision_layer_norms_are_patched():
     """Qwen2-VL's vision tower uses torch.nn.LayerNorm: patched to layer_norm, same output and gradients."""
     model = _build("qwen2_vl")
