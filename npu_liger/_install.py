@@ -1,7 +1,8 @@
 """What to install, said once: the extras per backend and the hints that import errors print.
 
-npu-liger is installed from a clone (``pip install -e '.[<extra>]'``); torch comes first, from the index that
-matches the machine (README "Install")."""
+npu-liger is installed from a clone (``pip install -e '.[<extra>]'``) or from a wheel built from one; torch comes
+first, from the index that matches the machine (README "Install"). An installed npu-liger gets an extra's packages
+with ``pip install 'npu-liger[<extra>]'``: pip reads the extra from the installed package's metadata."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ BACKEND_EXTRAS = (
 
 
 def backend_install_hint() -> str:
-    lines = [f"  {backend}: pip install -e '.[{extra}]'" for backend, extra in BACKEND_EXTRAS]
-    return ("Install the extra for your backend from the npu-liger checkout, after installing torch for the "
-            "machine (README, 'Install'):\n" + "\n".join(lines))
+    width = max(len(backend) for backend, _ in BACKEND_EXTRAS)
+    lines = [f"  {backend + ':':<{width + 1}} pip install -e '.[{extra}]'   (installed from a wheel: pip install "
+             f"'npu-liger[{extra}]')" for backend, extra in BACKEND_EXTRAS]
+    return ("Install the extra for your backend, after torch for the machine (README, 'Install'): in the npu-liger "
+            "checkout with pip install -e, or by name where npu-liger was installed from a wheel:\n"
+            + "\n".join(lines))
 
 
 def require_triton() -> None:

@@ -23,7 +23,23 @@ def test_import_without_triton_names_the_extra_per_backend():
     out = _run_python(code).stdout
     assert out.startswith("ImportError npu_liger needs the `triton` module"), out
     for extra in ("cpu", "gpu", "npu"):
-        assert f"pip install -e '.[{extra}]'" in out, out
+        assert f"pip install -e '.[{extra}]'" in out, out  # from a checkout
+        assert f"pip install 'npu-liger[{extra}]'" in out, out  # an installed wheel: pip reads the extra from it
+
+
+def test_interpreter_set_too_late_says_so():
+    """TRITON_INTERPRET=1 set after triton (or npu_liger) was imported: the error says it came too late, not to set
+    what is already set."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    scripts = {"after triton": "import os, triton\nos.environ['TRITON_INTERPRET'] = '1'\nimport npu_liger\n",
+               "after npu_liger": "import os, torch, npu_liger\nos.environ['TRITON_INTERPRET'] = '1'\n"
+                                  "npu_liger.geglu(torch.ones(3), torch.ones(3))\n"}
+    for when, script in scripts.items():
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                                timeout=300)
+        assert result.returncode != 0, when
+        last = result.stderr.strip().splitlines()[-1]
+        assert "too late" in last and "before anything imports triton" in last, (when, last)
 
 
 def test_import_error_of_a_triton_dependency_is_not_disguised():

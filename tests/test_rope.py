@@ -285,6 +285,16 @@ def test_bad_input_raises_clear_error(make, error, match):
         npu_liger.rope(*make())
 
 
+@pytest.mark.parametrize("kv_heads", [2, 4])  # GQA: k's heads differ from q's; MHA: the cos check trips
+def test_hf_layout_error_says_which_layout_is_expected(kv_heads):
+    """q and k straight from HF's projections, (bsz, seq, heads, head_dim): the error names the expected layout
+    and the transpose that gives it."""
+    q, k, cos = randn((2, 5, 4, 8)), randn((2, 5, kv_heads, 8)), randn((5, 8))
+    with pytest.raises(ValueError, match=r"q and k are \(bsz, heads, seq, head_dim\), e\.g\. q\.transpose\(1, 2\)"):
+        npu_liger.rope(q, k, cos, cos)
+    npu_liger.rope(q.transpose(1, 2), k.transpose(1, 2), cos, cos)  # what the message says works
+
+
 def test_backward_op_names_its_arguments():
     q, k = _qk()
     with pytest.raises(ValueError, match="grad_k must match grad_q in seq"):

@@ -67,8 +67,16 @@ def check_qk(q: torch.Tensor, k: torch.Tensor, names: Sequence[str] = ("q", "k")
         if k.shape[dim] != q.shape[dim]:
             raise ValueError(
                 f"{k_name} must match {q_name} in {what} (dim {dim}): {q_name} has shape {tuple(q.shape)}, "
-                f"{k_name} has shape {tuple(k.shape)}"
+                f"{k_name} has shape {tuple(k.shape)} ({layout_hint(names, layout)})"
             )
+
+
+def layout_hint(names: Sequence[str] = ("q", "k"), layout: str = "(bsz, heads, seq, head_dim)") -> str:
+    """What the q/k layout is, for errors a tensor in the other layout runs into."""
+    hint = f"{names[0]} and {names[1]} are {layout}"
+    if layout == "(bsz, heads, seq, head_dim)":
+        hint += ", e.g. q.transpose(1, 2) of Hugging Face's (bsz, seq, heads, head_dim) projections"
+    return hint
 
 
 def check_cos_sin(cos: torch.Tensor, sin: torch.Tensor, q: torch.Tensor, q_name: str = "q") -> None:

@@ -60,6 +60,16 @@ def interpreter_enabled() -> bool:
     return type(program_start).__name__ == "InterpretedFunction"
 
 
+def interpreter_requested() -> bool:
+    """Whether TRITON_INTERPRET asks for the interpreter now (the values triton reads as on)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _interpret_value() -> str:
+    value = os.environ.get("TRITON_INTERPRET")
+    return "unset" if value is None else repr(value)
+
+
 def _check_interpreter_consistent() -> None:
     """TRITON_INTERPRET is read when each ``triton.jit`` runs, so setting it after ``import triton`` but before
     ``import npu_liger`` gives interpreted kernels calling triton's own compiled helpers (``tl.sigmoid``, ...),
@@ -67,12 +77,14 @@ def _check_interpreter_consistent() -> None:
     library = type(tl.sigmoid).__name__  # a @triton.jit function of triton.language.standard
     ours = type(program_start).__name__
     if library in ("JITFunction", "InterpretedFunction") and library != ours:
+        change = "set" if ours == "InterpretedFunction" else "unset or changed"
         raise ImportError(
-            "TRITON_INTERPRET changed after triton was imported: triton's own kernels were built with "
-            f"interpreter={'on' if library == 'InterpretedFunction' else 'off'}, npu_liger's with "
-            f"interpreter={'on' if ours == 'InterpretedFunction' else 'off'} (TRITON_INTERPRET="
-            f"{os.environ.get('TRITON_INTERPRET')!r} now). Set TRITON_INTERPRET=1 for CPU (or leave it unset for "
-            "CUDA/NPU) before anything imports triton: in the shell, or at the very top of the script."
+            f"TRITON_INTERPRET was {change} too late, after triton was imported (it is {_interpret_value()} now): "
+            f"triton's own kernels were built with the interpreter "
+            f"{'on' if library == 'InterpretedFunction' else 'off'}, npu_liger's with it "
+            f"{'on' if ours == 'InterpretedFunction' else 'off'}. Set TRITON_INTERPRET=1 for CPU (or leave it "
+            "unset for CUDA/NPU) before anything imports triton: in the shell (TRITON_INTERPRET=1 python ...), "
+            "or at the very top of the script."
         )
 
 
@@ -238,10 +250,17 @@ def launched_kernel(fn=None, **jit_options):
 def require_launchable(device: torch.device) -> None:
     """CPU tensors run through the Triton interpreter, which must be chosen before triton.jit runs."""
     if device.type == "cpu" and not interpreter_enabled():
+        if interpreter_requested():  # set, but after triton (and npu_liger) were imported: the kernels are compiled
+            raise RuntimeError(
+                f"npu_liger runs CPU tensors through the Triton interpreter, and TRITON_INTERPRET is "
+                f"{_interpret_value()} now, but it was set too late: npu_liger's kernels were built when triton "
+                "and npu_liger were imported, without it. Set TRITON_INTERPRET=1 before anything imports triton: "
+                "in the shell (TRITON_INTERPRET=1 python ...), or at the very top of the script."
+            )
         raise RuntimeError(
             "npu_liger runs CPU tensors through the Triton interpreter: set TRITON_INTERPRET=1 in the "
-            "environment before importing triton or npu_liger (current value: "
-            f"{os.environ.get('TRITON_INTERPRET')!r}). CUDA and NPU tensors need it unset."
+            f"environment before importing triton or npu_liger (it is {_interpret_value()} now). CUDA and NPU "
+            "tensors need it unset."
         )
 
 

@@ -21,7 +21,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from ._rotary import check_cos_sin, check_qk, launch_half_split
+from ._rotary import check_cos_sin, check_qk, launch_half_split, layout_hint
 
 N_PLANES = 3  # temporal, height, width
 
@@ -36,7 +36,8 @@ def check_mrope_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin:
     if cos.shape[1] != 1 and cos.shape[1] != bsz:
         raise ValueError(f"cos must have batch size 1 or {names[0]}'s bsz {bsz} in dim 1, got shape {tuple(cos.shape)}")
     if cos.shape[2] != seq_len:
-        raise ValueError(f"cos must have {names[0]}'s seq length {seq_len} in dim 2, got shape {tuple(cos.shape)}")
+        raise ValueError(f"cos must have {names[0]}'s seq length {seq_len} in dim 2, got shape {tuple(cos.shape)} "
+                         f"({layout_hint(names)})")
     if cos.shape[3] != head_dim:
         raise ValueError(f"cos must have {names[0]}'s head_dim {head_dim} in dim 3, got shape {tuple(cos.shape)}")
     if head_dim % 2 != 0:

@@ -25,7 +25,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from ._rotary import check_cos_sin, check_qk, launch_half_split
+from ._rotary import check_cos_sin, check_qk, launch_half_split, layout_hint
 
 
 def check_rope_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -38,7 +38,8 @@ def check_rope_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
     if cos.dim() == 3 and cos.shape[0] != 1 and cos.shape[0] != bsz:
         raise ValueError(f"cos must have batch size 1 or {names[0]}'s bsz {bsz}, got shape {tuple(cos.shape)}")
     if cos.shape[-2] != seq_len:
-        raise ValueError(f"cos must have {names[0]}'s seq length {seq_len} in dim -2, got shape {tuple(cos.shape)}")
+        raise ValueError(f"cos must have {names[0]}'s seq length {seq_len} in dim -2, got shape {tuple(cos.shape)} "
+                         f"({layout_hint(names)})")
     rotary_dim = cos.shape[-1]
     if rotary_dim % 2 != 0:
         raise ValueError(f"rotary_dim (cos.shape[-1]) must be even, got {rotary_dim}")
