@@ -90,16 +90,12 @@ def _rms_weight_factor(n, x_ptr, CASTING: tl.constexpr):
 
 
 @triton.jit
-def _scaled(x, rstd, w_ptr, cols, col_mask, offset, x_ptr, CASTING: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-            HAS_OFFSET: tl.constexpr):
-    """y in fp32 for a chunk of columns whose weight is loaded here (the looped path and CUDA's per-tile loads):
-    ``offset + weight`` (the offset only when there is one: no fp32 ``w + offset`` row live across a loop,
-    _norm.CUDA_PARAMS_PER_TILE), or no scale without a weight."""
+def _scaled(x, rstd, w_ptr, cols, col_mask, offset, x_ptr, CASTING: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    """y in fp32 for a chunk of a looped row, its weight chunk loaded here: ``offset + weight``, or no scale
+    without a weight."""
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        if HAS_OFFSET:
-            w = w + offset
-        y = _rms_scale(x, rstd, w, x_ptr, CASTING)
+        y = _rms_scale(x, rstd, tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset, x_ptr,
+                       CASTING)
     else:
         y = _rms_scale(x, rstd, 1.0, x_ptr, CASTING)
     return y
@@ -127,23 +123,23 @@ def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_st
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     if WHOLE_ROW:  # BLOCK_R whole rows per tile: x read once
         col_mask = col_ids < n_cols
-        if HAS_WEIGHT and not PARAMS_PER_TILE:  # the weight row once, kept as loaded
+        if HAS_WEIGHT and not PARAMS_PER_TILE:
             w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32)
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
             mask = (rows < n_rows) & col_mask
+            if HAS_WEIGHT and PARAMS_PER_TILE:  # see _norm.CUDA_PARAMS_PER_TILE
+                w = tl.load(w_ptr + col_ids, mask=col_mask, other=0.0).to(tl.float32)
             x = _load_input(x_ptr, r_ptr, s_ptr, rows, col_ids, mask, x_stride, r_stride, n_cols, HAS_RESIDUAL)
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-            if HAS_WEIGHT and not PARAMS_PER_TILE:
-                # the offset is added per tile, and only when there is one (no fp32 ``w + offset`` row live
-                # across the loop)
-                if HAS_OFFSET:
-                    y = _rms_scale(x, rstd[:, None], w + offset, x_ptr, CASTING)
-                else:
-                    y = _rms_scale(x, rstd[:, None], w, x_ptr, CASTING)
-            else:  # the weight loaded per tile (see _norm.CUDA_PARAMS_PER_TILE), or none
-                y = _scaled(x, rstd[:, None], w_ptr, col_ids, col_mask, offset, x_ptr, CASTING, HAS_WEIGHT,
-                            HAS_OFFSET)
+            # The offset is added per tile, and only when there is one (no fp32 ``w + offset`` row live across
+            # the loop: _norm.CUDA_PARAMS_PER_TILE). No weight: no scale.
+            if not HAS_WEIGHT:
+                y = _rms_scale(x, rstd[:, None], 1.0, x_ptr, CASTING)
+            elif HAS_OFFSET:
+                y = _rms_scale(x, rstd[:, None], w + offset, x_ptr, CASTING)
+            else:
+                y = _rms_scale(x, rstd[:, None], w, x_ptr, CASTING)
             tl.store(y_ptr + rows * n_cols + col_ids, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:  # one row (BLOCK_R == 1) in BLOCK_N chunks: pass 1 sums squares (and writes s), pass 2 normalises
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
@@ -163,7 +159,7 @@ def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_st
                     x = tl.load(s_ptr + rows * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
                 else:
                     x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-                y = _scaled(x, rstd, w_ptr, cols, cols < n_cols, offset, x_ptr, CASTING, HAS_WEIGHT, HAS_OFFSET)
+                y = _scaled(x, rstd, w_ptr, cols, cols < n_cols, offset, x_ptr, CASTING, HAS_WEIGHT)
                 tl.store(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
