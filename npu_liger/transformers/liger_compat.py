@@ -29,7 +29,8 @@ gets its alias with no edit here; ``LIGER_ONLY_NAMES`` adds Liger's other names 
   use. Both True raises ValueError, as Liger refuses it.
 - ``model`` -> ``apply_to_model(model, ...)`` (Liger also swaps the family's classes for models built later; here
   call once more without ``model`` for that). A model with no module of the family raises ValueError.
-Other keywords raise TypeError naming the accepted ones. docs/SWITCHING.md has the whole table.
+The functions have real signatures (Liger's ``_apply_liger_kernel`` filters keywords by them); other keywords
+raise TypeError. docs/SWITCHING.md has the whole table.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def _alias(family: str, liger_name: str) -> Callable[..., None]:
 
 def _aliases() -> Dict[str, Callable[..., None]]:
     names = {name: name for name in FAMILIES}
-    names.update({liger: ours for liger, ours in LIGER_ONLY_NAMES.items() if ours in FAMILIES})
+    names.update({liger: ours for liger, ours in LIGER_ONLY_NAMES.items()
+                  if ours in FAMILIES and liger not in FAMILIES})  # a family of that name keeps its own
     return {f"apply_liger_kernel_to_{liger}": _alias(ours, liger) for liger, ours in names.items()}
 
 
