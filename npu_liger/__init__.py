@@ -12,6 +12,7 @@ from . import nn, registrations, tiling  # noqa: E402
 from .registrations.cross_entropy import cross_entropy  # noqa: E402
 from .registrations.embedding import embedding  # noqa: E402
 from .registrations.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from .registrations.fused_moe import fused_moe  # noqa: E402
 from .registrations.geglu import geglu  # noqa: E402
 from .registrations.layer_norm import layer_norm  # noqa: E402
 from .registrations.llama4_rope import llama4_rope  # noqa: E402
@@ -28,6 +29,7 @@ __all__ = [
     "embedding",
     "fused_add_rms_norm",
     "fused_linear_cross_entropy",
+    "fused_moe",
     "geglu",
     "layer_norm",
     "llama4_rope",

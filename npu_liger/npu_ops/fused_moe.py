@@ -275,13 +275,15 @@ def fused_moe_backward(grad_out: torch.Tensor, x: torch.Tensor, gate_up_proj: to
     zero = torch.zeros((), dtype=torch.float32, device=x.device)
     grad_w = torch.where(routing.valid_slots(), grad_w_rows[routing.pos], zero)
     grad_w = grad_w.view(top_k_weights.shape).to(top_k_weights.dtype)
-    empty = torch.empty((0,), dtype=x.dtype, device=x.device)
-    grad_gate_up = grad_down = empty
+    def empty():
+        return torch.empty((0,), dtype=x.dtype, device=x.device)
+
+    grad_gate_up, grad_down = empty(), empty()
     if grad_experts:
         grad_down = grouped_weight_grad(grad_rows, weighted_act, routing)
         grad_gate_up = grouped_weight_grad(grad_h, gather_rows(x, routing), routing)
     del grad_rows, weighted_act
-    gx = empty
+    gx = empty()
     if grad_x:
         gx = combine(grouped_linear(grad_h, gate_up_proj.transpose(1, 2), routing), routing, None, x.dtype)
     return gx, grad_gate_up, grad_down, grad_w

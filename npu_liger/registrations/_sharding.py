@@ -38,6 +38,20 @@ What each op accepts (R = Replicate, S(d) = Shard(d), P = Partial(sum)):
   grad_weight/grad_bias -> P), or all R. ``mean`` needs the global count of valid tokens: R only. Vocab-parallel
   (weight S(0)) needs collectives between the kernel's passes: not listed (docs/DISTRIBUTED.md).
 
+- fused_moe ``(x (T, H), gate_up_proj (E, 2I, H), down_proj (E, H, I), top_k_index (T, K), top_k_weights (T,
+  K))`` and ``fused_moe_with_saved`` (-> out, gate_up_out (T*K, 2I)): all R -> R; tokens S(0) (x, index and
+  weights S(0), the experts R; data or sequence parallel) -> S(0) (gate_up_out S(0): each rank's own slots, in
+  its own sorted order, read back only by the backward under the same placement). Backward ``(grad_out, x,
+  gate_up_proj, down_proj, top_k_index, top_k_weights, gate_up_out, ...)``: all R -> R; tokens S(0) -> grad_x
+  S(0), both expert gradients P (each rank sums its own tokens), grad_top_k_weights S(0). Not listed:
+  tensor-parallel sharding of the intermediate dim (a Shard(1) of the concatenated [gate; up] rows gives rank 0
+  the gates and rank 1 the ups, not each rank its gate/up pairs, so it is not exact; Shard(2) of down_proj would
+  need gate_up_proj sharded as two interleaved halves, which no plain Shard placement describes) and expert
+  parallel Shard(0) on E (the local op would need the global indices remapped to its own experts, with E for the
+  others, which a sharding rule cannot do: the op supports transformers' expert-parallel path instead, whose
+  dispatch remaps the indices and marks remote slots with E before calling the experts). DTensor gathers such
+  inputs first, which is exact.
+
 FSDP2 and DDP need no rules: FSDP2 all-gathers parameters into plain tensors before the ops run.
 
 Version gates live in ``_dtensor_api`` only. The one thing the public API gets wrong for these ops:
@@ -217,6 +231,16 @@ def _rules(api):
         b = None if bias is None else R
         return [([R, R, R], [R, R, R, R, b] + [None] * 7), ([S(0), P, P], [S(0), S(0), R, S(0), b] + [None] * 7)]
 
+    def fused_moe(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
+        return [([R], [R] * 5), ([S(0)], [S(0), R, R, S(0), S(0)])]
+
+    def fused_moe_with_saved(*args):
+        return [([R, R], [R] * 5), ([S(0), S(0)], [S(0), R, R, S(0), S(0)])]
+
+    def fused_moe_backward(*args):
+        return [([R] * 4, [R] * 7 + [None, None]),
+                ([S(0), P, P, S(0)], [S(0), S(0), R, R, S(0), S(0), S(0), None, None])]
+
     rope, rope_backward = rotary(0, 1, 2, tables=2, table_batch_dim=0, extra=0)
     mrope, mrope_backward = rotary(0, 1, 2, tables=2, table_batch_dim=1, extra=1)
     llama4, llama4_backward = rotary(0, 2, 1, tables=1, table_batch_dim=0, extra=0)
@@ -231,6 +255,7 @@ def _rules(api):
         "cross_entropy": cross_entropy, "cross_entropy_with_grad": cross_entropy_with_grad,
         "fused_linear_cross_entropy": flce, "fused_linear_cross_entropy_with_grad": flce_with_grad,
         "fused_linear_cross_entropy_backward": flce_backward,
+        "fused_moe": fused_moe, "fused_moe_with_saved": fused_moe_with_saved, "fused_moe_backward": fused_moe_backward,
     }
 
 
