@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ._moe_kernels import _fused_moe_mm_kernel, _fused_moe_wgrad_kernel
-from ._triton import cdiv, flat_plan
+from ._triton import cdiv, flat_plan, interpreter_enabled
 
 GROUPED_MM_ENV = "NPU_LIGER_MOE_GROUPED_MM"
 DEFAULT_CHOICE = "auto"
@@ -113,7 +113,7 @@ def grouped_linear(a: torch.Tensor, w: torch.Tensor, routing) -> torch.Tensor:
         a, w, c, routing.tile_expert, routing.tile_row, routing.bounds, n_tasks, n_col_blocks, n_cols, a.shape[1],
         routing.num_experts, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        DOT_PRECISION=_dot_precision(device, a.dtype), **_cuda_options(device, tiles))
+        DOT_PRECISION=_dot_precision(device, a.dtype), UPCAST=interpreter_enabled(), **_cuda_options(device, tiles))
     return c
 
 
@@ -135,5 +135,6 @@ def grouped_weight_grad(a: torch.Tensor, b: torch.Tensor, routing) -> torch.Tens
     _fused_moe_wgrad_kernel[(_grid(device, n_tasks),)](
         a, b, c, routing.bounds, n_tasks, n_n_blocks, n_m_blocks, n_a, n_b, a.stride(0), a.stride(1), b.stride(0),
         b.stride(1), c.stride(0), c.stride(1), c.stride(2), BLOCK_N=block_n, BLOCK_M=block_m,
-        BLOCK_R=tiles.block_k, DOT_PRECISION=_dot_precision(device, a.dtype), **_cuda_options(device, tiles))
+        BLOCK_R=tiles.block_k, DOT_PRECISION=_dot_precision(device, a.dtype), UPCAST=interpreter_enabled(),
+        **_cuda_options(device, tiles))
     return c

@@ -19,7 +19,9 @@ Memory analysis of the vector kernels (UB tiles, fp32 values of 4 bytes, Ascend9
 - ``_fused_moe_combine_kernel``, a (BLOCK_T tokens x BLOCK_C columns) tile: the fp32 accumulator, the gathered row
   (fp32), its int64 address (2 units), masks -> 6.0 (6553 -> 4096 elements).
 The grouped matmuls (``_fused_moe_mm_kernel``, ``_fused_moe_wgrad_kernel``) have fixed tiles (``MM_TILES`` in
-``_grouped_mm.py``): their operands go through the cube unit's buffers, the UB holds only the fp32 accumulator
+``_grouped_mm.py``): their operands go through the cube unit's buffers (UPCAST: the Triton interpreter's dot
+reads half-precision operands as garbage, so on CPU they are upcast to fp32 first; compiled backends multiply
+them as they are), the UB holds only the fp32 accumulator
 being cast for the store; ``scripts/ascend_check.sh`` compiles them at those tiles for every chip.
 """
 
@@ -137,7 +139,7 @@ def _fused_moe_combine_kernel(y_ptr, pos_ptr, keys_ptr, weights_ptr, out_ptr, n_
 def _fused_moe_mm_kernel(a_ptr, w_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, bounds_ptr, n_tasks, n_col_blocks,
                          n_cols, depth, num_experts, stride_am, stride_ak, stride_we, stride_wn, stride_wk,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr):
+                         DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Grouped ``c[r, :] = a[r, :] @ w[e(r)].T`` over expert-sorted rows: a (rows, depth), w (E, n_cols, depth)
     with any strides, c (rows, n_cols) contiguous. Task = (row tile, column block); row tile j covers rows
     ``[tile_row[j], min(tile_row[j] + BLOCK_M, bounds[e + 1]))`` of expert ``e = tile_expert[j]`` (E: an unused
@@ -161,6 +163,8 @@ def _fused_moe_mm_kernel(a_ptr, w_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, bou
                             mask=row_mask[:, None] & k_mask[None, :], other=0.0)
                 b = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
                             mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+                if UPCAST:
+                    a, b = a.to(tl.float32), b.to(tl.float32)
                 acc += tl.dot(a, b, input_precision=DOT_PRECISION)
             tl.store(c_ptr + rows[:, None] * n_cols + cols[None, :], acc.to(c_ptr.dtype.element_ty),
                      mask=row_mask[:, None] & col_mask[None, :])
@@ -170,7 +174,7 @@ def _fused_moe_mm_kernel(a_ptr, w_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, bou
 def _fused_moe_wgrad_kernel(a_ptr, b_ptr, c_ptr, bounds_ptr, n_tasks, n_n_blocks, n_m_blocks, n_a, n_b,
                             stride_ar, stride_an, stride_br, stride_bm, stride_ce, stride_cn, stride_cm,
                             BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
-                            DOT_PRECISION: tl.constexpr):
+                            DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Per expert ``c[e] = a[rows of e].T @ b[rows of e]``: a (rows, n_a), b (rows, n_b), c (E, n_a, n_b) with any
     strides (e.g. both halves of one gradient). Task = (expert, n block, m block); an expert without rows stores
     zeros, so c needs no fill. The rows are summed in order: deterministic."""
@@ -191,6 +195,8 @@ def _fused_moe_wgrad_kernel(a_ptr, b_ptr, c_ptr, bounds_ptr, n_tasks, n_n_blocks
                         mask=r_mask[:, None] & n_mask[None, :], other=0.0)
             b = tl.load(b_ptr + rs[:, None] * stride_br + ms[None, :] * stride_bm,
                         mask=r_mask[:, None] & m_mask[None, :], other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
             acc += tl.dot(tl.trans(a), b, input_precision=DOT_PRECISION)
         tl.store(c_ptr + expert * stride_ce + ns[:, None] * stride_cn + ms[None, :] * stride_cm,
                  acc.to(c_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
