@@ -3,8 +3,9 @@
 Two products, each with a Triton kernel (``_moe_kernels.py``) that runs on every backend (triton-ascend, CUDA,
 the CPU interpreter) and, on CUDA, torch's ``torch._grouped_mm`` (CUTLASS) where it applies:
 
-- ``grouped_linear(a, w, routing)``: ``c[r] = a[r] @ w[e(r)].T``, a (rows, K), w (E, N, K) in any layout
-  (transposed views are free), c (rows, N) in a's dtype. Rows of no expert (from ``bounds[E]`` on) are left
+- ``grouped_linear(a, w, routing, out_dtype)``: ``c[r] = a[r] @ w[e(r)].T``, a (rows, K), w (E, N, K) in any
+  layout (transposed views are free), c (rows, N) in a's dtype or ``out_dtype`` (Triton stores its fp32
+  accumulator in that dtype; torch's kernel returns a's dtype, converted). Rows of no expert (from ``bounds[E]`` on) are left
   unwritten.
 - ``grouped_weight_grad(a, b, routing)``: ``c[e] = a[rows of e].T @ b[rows of e]``, c (E, a.shape[1],
   b.shape[1]); an expert without rows gets zeros.
@@ -97,14 +98,17 @@ def _cuda_options(device_type: str, tiles: MMTiles) -> dict:
     return {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages} if device_type == "cuda" else {}
 
 
-def grouped_linear(a: torch.Tensor, w: torch.Tensor, routing) -> torch.Tensor:
-    """``c[r] = a[r] @ w[e(r)].T`` (module docstring). ``routing``: ``fused_moe.Routing``."""
+def grouped_linear(a: torch.Tensor, w: torch.Tensor, routing, out_dtype=None) -> torch.Tensor:
+    """``c[r] = a[r] @ w[e(r)].T`` (module docstring) in ``out_dtype`` (default a's). ``routing``:
+    ``fused_moe.Routing``."""
     rows, n_cols = a.shape[0], w.shape[1]
-    c = torch.empty((rows, n_cols), dtype=a.dtype, device=a.device)
+    c = torch.empty((rows, n_cols), dtype=out_dtype or a.dtype, device=a.device)
     if rows == 0 or n_cols == 0:
         return c
     if torch_grouped_mm_applies(a, w.transpose(1, 2)):
-        return torch._grouped_mm(a, w.transpose(1, 2), offs=routing.group_ends_i32())
+        # torch 2.13 wants the output in mat_a's dtype ("Grouped gemm output dtype must match `mat_a` dtype")
+        c = torch._grouped_mm(a, w.transpose(1, 2), offs=routing.group_ends_i32())
+        return c if out_dtype is None else c.to(out_dtype)
     device = a.device.type
     tiles = routing.tiles
     n_col_blocks = cdiv(n_cols, tiles.block_n)

@@ -54,20 +54,26 @@ def _fused_moe_gather_kernel(src_ptr, order_ptr, bounds_ptr, out_ptr, n_rows, n_
         tl.store(out_ptr + rows[:, None] * n_cols + cols[None, :], values, mask=mask)
 
 
-@launched_kernel(do_not_specialize=["n_tasks"])
-def _fused_moe_swiglu_fwd_kernel(h_ptr, act_ptr, bounds_ptr, n_tasks, n_col_blocks, inter, num_experts,
+@launched_kernel(do_not_specialize=["n_rows", "n_tasks"])
+def _fused_moe_swiglu_fwd_kernel(h_ptr, act_ptr, bounds_ptr, n_rows, n_tasks, n_col_blocks, inter, num_experts,
                                  BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    """``act = silu(h[:, :I]) * h[:, I:]`` over the (rows, 2I) gate/up buffer, rows below n_valid."""
+    """``act = silu(h[:, :I]) * h[:, I:]`` over the (rows, 2I) gate/up buffer, rows below n_valid. The rows of
+    no expert (n_valid on) get zeros in h and act: h is an output of the op, so all of it is defined."""
     n_valid = tl.load(bounds_ptr + num_experts)
     for task in tl.range(program_start(1), n_tasks, grid_stride(1)):
         rows = (task // n_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
         cols = (task % n_col_blocks) * BLOCK_I + tl.arange(0, BLOCK_I).to(tl.int64)
-        mask = (rows < n_valid)[:, None] & (cols < inter)[None, :]
+        col_mask = (cols < inter)[None, :]
+        mask = (rows < n_valid)[:, None] & col_mask
         gate_ptrs = h_ptr + rows[:, None] * (2 * inter) + cols[None, :]
         gate = tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(gate_ptrs + inter, mask=mask, other=0.0).to(tl.float32)
-        act = gate * tl.sigmoid(gate) * up
-        tl.store(act_ptr + rows[:, None] * inter + cols[None, :], act.to(act_ptr.dtype.element_ty), mask=mask)
+        act = gate * tl.sigmoid(gate) * up  # 0 on the rows of no expert (loaded as 0)
+        tl.store(act_ptr + rows[:, None] * inter + cols[None, :], act.to(act_ptr.dtype.element_ty),
+                 mask=(rows < n_rows)[:, None] & col_mask)
+        tail = ((rows >= n_valid) & (rows < n_rows))[:, None] & col_mask
+        tl.store(gate_ptrs, gate.to(h_ptr.dtype.element_ty), mask=tail)
+        tl.store(gate_ptrs + inter, up.to(h_ptr.dtype.element_ty), mask=tail)
 
 
 @launched_kernel(do_not_specialize=["n_row_blocks"])
@@ -75,7 +81,8 @@ def _fused_moe_swiglu_bwd_kernel(grad_act_ptr, h_ptr, weights_ptr, order_ptr, bo
                                  grad_w_ptr, n_row_blocks, inter, top_k, num_experts, stride_wt, stride_wk,
                                  BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     """Per sorted row r (slot s = order[r], weight w = weights[s // K, s % K]), with ``ga = grad_out[token] @
-    down_proj[e]`` (the unweighted gradient of the SwiGLU product) and the product ``act`` recomputed from h:
+    down_proj[e]`` (the unweighted gradient of the SwiGLU product) and the product ``act`` recomputed from h (and
+    rounded to the dtype the forward's act had, so the gradients are those of the forward as computed):
     ``grad_h = [w * ga * d silu(gate) * up, w * ga * silu(gate)]``, ``wact = w * act`` (for down_proj's gradient)
     and ``grad_w[r] = sum_i ga * act`` (the routing weight's gradient, ``grad_out . expert output``). Task = a
     block of rows; the columns are looped."""
@@ -96,7 +103,7 @@ def _fused_moe_swiglu_bwd_kernel(grad_act_ptr, h_ptr, weights_ptr, order_ptr, bo
             up = tl.load(h_ptr + h_ptrs + inter, mask=mask, other=0.0).to(tl.float32)
             s = tl.sigmoid(gate)
             silu = gate * s
-            act = silu * up
+            act = (silu * up).to(wact_ptr.dtype.element_ty).to(tl.float32)  # rounded as the forward's act was
             dot += tl.sum(ga * act, axis=1)
             weighted = ga * w[:, None]
             d_silu = s * (1.0 + gate * (1.0 - s))

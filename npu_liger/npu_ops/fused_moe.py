@@ -27,7 +27,7 @@ Forward (kernels in ``_moe_kernels.py``, matmuls in ``_grouped_mm.py``):
 Backward, for the incoming gradient g (T, H):
 
     gs     = g[token of each sorted row]                                   (T*K, H)
-    ga     = gs @ down_proj[e]                      the unweighted gradient of act
+    ga     = gs @ down_proj[e]                      the unweighted gradient of act, kept in fp32
     grad_h, w*act, grad_w = one row kernel: act recomputed from h, grad_act = w * ga,
              grad_h = [grad_act * up * silu'(gate), grad_act * silu(gate)], grad_w[slot] = ga . act (= g . y)
     grad_down_proj[e]    = gs[rows of e].T @ (w * act)[rows of e]
@@ -41,8 +41,8 @@ product) and y (T*K, H; the routing weights' gradient is ``ga . act`` instead). 
 third of the forward's matmul work to save its T*K*2I values: ``NPU_LIGER_MOE_RECOMPUTE=1`` does that (the
 autograd formula then saves an empty tensor and the backward recomputes the gather and the first matmul).
 
-Precision: every matmul and row kernel computes in fp32 and rounds its output once to x's dtype (h, act, y, ga,
-grad_h, and the gathered copies are exact); the combine sums the K weighted rows in fp32. Hugging Face's loop
+Precision: every matmul and row kernel computes in fp32 and rounds its output once to x's dtype (h, act, y,
+grad_h; ga stays fp32, as it feeds the routing weights' dot products; the gathered copies are exact); the combine sums the K weighted rows in fp32. Hugging Face's loop
 rounds act twice and accumulates ``index_add_`` in x's dtype, so half-precision results are at least as close to
 the float64 reference. Indices outside [0, E]: an IndexError on CPU, a device-side assert on CUDA (queued, no
 synchronisation); on an NPU (no device assert kernel) they count as E (nothing), and no kernel ever reads or
@@ -197,7 +197,7 @@ def swiglu_rows(h: torch.Tensor, routing: Routing) -> torch.Tensor:
     n_col_blocks = cdiv(inter, block_i)
     n_tasks = cdiv(n_rows, block_r) * n_col_blocks
     _fused_moe_swiglu_fwd_kernel[(plan.grid(n_tasks),)](
-        h, act, routing.bounds, n_tasks, n_col_blocks, inter, routing.num_experts, BLOCK_R=block_r, BLOCK_I=block_i,
+        h, act, routing.bounds, n_rows, n_tasks, n_col_blocks, inter, routing.num_experts, BLOCK_R=block_r, BLOCK_I=block_i,
         **plan.launch_options())
     return act
 
@@ -269,7 +269,7 @@ def fused_moe_backward(grad_out: torch.Tensor, x: torch.Tensor, gate_up_proj: to
     routing = Routing(top_k_index, experts, tiles_for(x.device.type))
     h = gate_up_out if gate_up_out.numel() or routing.order.numel() == 0 else _gate_up(x, gate_up_proj, routing)
     grad_rows = gather_rows(grad_out.to(x.dtype), routing)
-    grad_act = grouped_linear(grad_rows, down_proj.transpose(1, 2), routing)
+    grad_act = grouped_linear(grad_rows, down_proj.transpose(1, 2), routing, torch.float32)  # fp32: feeds a dot
     grad_h, weighted_act, grad_w_rows = swiglu_rows_backward(grad_act, h, top_k_weights, routing)
     del grad_act
     zero = torch.zeros((), dtype=torch.float32, device=x.device)
