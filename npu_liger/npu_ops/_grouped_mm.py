@@ -83,10 +83,10 @@ def torch_grouped_mm_applies(*operands: torch.Tensor) -> bool:
 
 def _dot_precision(device_type: str, dtype: torch.dtype):
     """fp32 products as torch computes them on CUDA (IEEE unless TF32 is allowed); the backend's default
-    elsewhere (None)."""
+    elsewhere ("": ``tl.dot`` without ``input_precision``, which triton-ascend cannot resolve)."""
     if device_type == "cuda" and dtype == torch.float32:
         return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    return None
+    return ""
 
 
 def _grid(device_type: str, n_tasks: int) -> int:

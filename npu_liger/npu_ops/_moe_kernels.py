@@ -172,7 +172,10 @@ def _fused_moe_mm_kernel(a_ptr, w_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, bou
                             mask=k_mask[:, None] & col_mask[None, :], other=0.0)
                 if UPCAST:
                     a, b = a.to(tl.float32), b.to(tl.float32)
-                acc += tl.dot(a, b, input_precision=DOT_PRECISION)
+                if DOT_PRECISION == "":  # the backend's default (triton-ascend has no input_precision default)
+                    acc += tl.dot(a, b)
+                else:
+                    acc += tl.dot(a, b, input_precision=DOT_PRECISION)
             tl.store(c_ptr + rows[:, None] * n_cols + cols[None, :], acc.to(c_ptr.dtype.element_ty),
                      mask=row_mask[:, None] & col_mask[None, :])
 
@@ -204,6 +207,9 @@ def _fused_moe_wgrad_kernel(a_ptr, b_ptr, c_ptr, bounds_ptr, n_tasks, n_n_blocks
                         mask=r_mask[:, None] & m_mask[None, :], other=0.0)
             if UPCAST:
                 a, b = a.to(tl.float32), b.to(tl.float32)
-            acc += tl.dot(tl.trans(a), b, input_precision=DOT_PRECISION)
+            if DOT_PRECISION == "":
+                acc += tl.dot(tl.trans(a), b)
+            else:
+                acc += tl.dot(tl.trans(a), b, input_precision=DOT_PRECISION)
         tl.store(c_ptr + expert * stride_ce + ns[:, None] * stride_cn + ms[None, :] * stride_cm,
                  acc.to(c_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
