@@ -10,6 +10,7 @@ import torch
 
 from ..npu_ops.fused_moe import check_fused_moe_inputs, fused_moe_backward, fused_moe_forward, recompute_gate_up
 from ._op import call_op, define_autograd, define_composite, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["fused_moe"]
 
@@ -71,6 +72,37 @@ def _composite(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
 
 
 fused_moe_op = define_composite(f"fused_moe({_ARGS}) -> Tensor", _composite)
+
+
+# DTensor (docs/DISTRIBUTED.md): all R, or tokens S(0) (x, index and weights; the experts R). gate_up_out S(0)
+# holds each rank's own slots in its own sorted order, read back only by the backward under the same placement.
+# Not listed (DTensor gathers first, exact): tensor parallel on the intermediate dim (a Shard(1) of the
+# concatenated [gate; up] rows gives rank 0 the gates and rank 1 the ups, not each rank its gate/up pairs; Shard(2)
+# of down_proj would need gate_up_proj as two interleaved halves, which no plain Shard describes) and expert
+# parallel Shard(0) on E (the local op would need the indices remapped to its own experts, E for the others,
+# which a rule cannot do; transformers' expert-parallel dispatch does that before calling the experts).
+_TOKEN_ARGS = ("x", "top_k_index", "top_k_weights")
+
+
+def _tokens(p, *extra):
+    return {name: p.S(0) for name in (*_TOKEN_ARGS, *extra)}
+
+
+@sharding_rule(fused_moe_op)
+def _fused_moe_sharding(p, *args):
+    return [p.case(p.R), p.case(p.S(0), **_tokens(p))]
+
+
+@sharding_rule(with_saved_op)
+def _fused_moe_with_saved_sharding(p, *args):
+    return [p.case([p.R, p.R]), p.case([p.S(0), p.S(0)], **_tokens(p))]
+
+
+@sharding_rule(backward_op)
+def _fused_moe_backward_sharding(p, *args):
+    """grad_x and the routing weights' gradient follow the tokens; both expert gradients are P (each rank sums its
+    own tokens)."""
+    return [p.case([p.R] * 4), p.case([p.S(0), p.P, p.P, p.S(0)], **_tokens(p, "grad_out", "gate_up_out"))]
 
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, top_k_index: torch.Tensor,
