@@ -373,13 +373,14 @@ def _make_flce(p, dtype, device, gen):
 
 def _make_moe(p, dtype, device, gen):
     """Experts of a MoE block: top-K of random router logits (K distinct experts per token), softmax weights."""
-    T, H, E, K, I = p["T"], p["H"], p["E"], p["K"], p["I"]
+    T, H, E, K, inter = p["T"], p["H"], p["E"], p["K"], p["I"]
     x = _randn((T, H), dtype, device, gen, True)
-    gate_up = _randn((E, 2 * I, H), dtype, device, gen, True, scale=H ** -0.5)
-    down = _randn((E, H, I), dtype, device, gen, True, scale=I ** -0.5)
+    gate_up = _randn((E, 2 * inter, H), dtype, device, gen, True, scale=H ** -0.5)
+    down = _randn((E, H, inter), dtype, device, gen, True, scale=inter ** -0.5)
     values, index = _randn((T, E), torch.float32, device, gen).topk(K, dim=-1)
     weights = values.softmax(-1).to(dtype).requires_grad_(True)
-    return Inputs((x, gate_up, down, index, weights), (x, gate_up, down, weights), (_randn((T, H), dtype, device, gen),))
+    grad_out = _randn((T, H), dtype, device, gen)
+    return Inputs((x, gate_up, down, index, weights), (x, gate_up, down, weights), (grad_out,))
 
 
 def _moe_bytes(p, s):

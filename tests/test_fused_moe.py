@@ -42,10 +42,10 @@ def hf_experts(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
     return inspect.unwrap(MixtralExperts.forward)(module, x, top_k_index, top_k_weights)
 
 
-def make(T, H, E, I, K, dtype=torch.float32, *, sentinel=True, noncontiguous=False, index=None):
+def make(T, H, E, inter, K, dtype=torch.float32, *, sentinel=True, noncontiguous=False, index=None):
     x = randn((T, H), dtype, noncontiguous=noncontiguous)
-    gate_up = randn((E, 2 * I, H), dtype, scale=H ** -0.5, noncontiguous=noncontiguous)
-    down = randn((E, H, I), dtype, scale=I ** -0.5, noncontiguous=noncontiguous)
+    gate_up = randn((E, 2 * inter, H), dtype, scale=H ** -0.5, noncontiguous=noncontiguous)
+    down = randn((E, H, inter), dtype, scale=inter ** -0.5, noncontiguous=noncontiguous)
     if index is None:
         index = torch.randint(0, E + 1 if sentinel else E, (T, K), device=DEVICE)
     weights = torch.rand((T, K), device=DEVICE).to(dtype)
@@ -115,11 +115,11 @@ def check(args, grads=(0, 1, 2, 4)):
 
 
 @settings(phases=(Phase.explicit, Phase.reuse, Phase.generate))  # no shrinking: each example costs seconds
-@given(T=st.integers(1, 9), H=st.sampled_from([1, 16, 23, 40]), E=st.integers(1, 5), I=st.sampled_from([1, 8, 19]),
+@given(T=st.integers(1, 9), H=st.sampled_from([1, 16, 23, 40]), E=st.integers(1, 5), inter=st.sampled_from([1, 8, 19]),
        K=st.integers(1, 3), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
        noncontiguous=st.booleans())
-def test_matches_transformers(T, H, E, I, K, dtype, noncontiguous):
-    check(make(T, H, E, I, K, dtype, noncontiguous=noncontiguous))
+def test_matches_transformers(T, H, E, inter, K, dtype, noncontiguous):
+    check(make(T, H, E, inter, K, dtype, noncontiguous=noncontiguous))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -129,8 +129,8 @@ def test_small_ub_tiles_loop(small_ub, dtype):
 
 
 def test_routing_edge_cases():
-    T, H, E, I = 11, 24, 6, 12
-    base = make(T, H, E, I, 2)
+    T, H, E, inter = 11, 24, 6, 12
+    base = make(T, H, E, inter, 2)
     cases = {
         "all slots on one expert": torch.full((T, 2), 4, device=DEVICE),
         "empty experts": torch.randint(0, 2, (T, 2), device=DEVICE),
@@ -231,8 +231,8 @@ def test_grouped_mm_switch_and_torch_kernel(monkeypatch):
 
 
 def test_compiled_without_recompiles():
-    E, H, I, K = 3, 16, 8, 2
-    gate_up, down = randn((E, 2 * I, H), scale=0.3), randn((E, H, I), scale=0.3)
+    E, H, inter, K = 3, 16, 8, 2
+    gate_up, down = randn((E, 2 * inter, H), scale=0.3), randn((E, H, inter), scale=0.3)
 
     def fn(x, gate_up, down, index, weights):
         return npu_liger.fused_moe(x * 1.5, gate_up, down, index, weights.softmax(-1)) + 1.0

@@ -8,5 +8,6 @@ from .norm import LayerNorm, RMSNorm
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["CrossEntropyLoss", "Embedding", "Experts", "FusedLinearCrossEntropyLoss", "GEGLUMLP", "LayerNorm", "RMSNorm",
+__all__ = ["CrossEntropyLoss", "Embedding", "Experts", "FusedLinearCrossEntropyLoss", "GEGLUMLP", "LayerNorm",
+           "RMSNorm",
            "SwiGLUMLP", "TVDLoss"]

@@ -5,8 +5,8 @@ the CPU interpreter) and, on CUDA, torch's ``torch._grouped_mm`` (CUTLASS) where
 
 - ``grouped_linear(a, w, routing, out_dtype)``: ``c[r] = a[r] @ w[e(r)].T``, a (rows, K), w (E, N, K) in any
   layout (transposed views are free), c (rows, N) in a's dtype or ``out_dtype`` (Triton stores its fp32
-  accumulator in that dtype; torch's kernel returns a's dtype, converted). Rows of no expert (from ``bounds[E]`` on) are left
-  unwritten.
+  accumulator in that dtype; torch's kernel returns a's dtype, converted). Rows of no expert (from
+  ``bounds[E]`` on) are left unwritten.
 - ``grouped_weight_grad(a, b, routing)``: ``c[e] = a[rows of e].T @ b[rows of e]``, c (E, a.shape[1],
   b.shape[1]); an expert without rows gets zeros.
 

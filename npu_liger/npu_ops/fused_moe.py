@@ -42,7 +42,8 @@ third of the forward's matmul work to save its T*K*2I values: ``NPU_LIGER_MOE_RE
 autograd formula then saves an empty tensor and the backward recomputes the gather and the first matmul).
 
 Precision: every matmul and row kernel computes in fp32 and rounds its output once to x's dtype (h, act, y,
-grad_h; ga stays fp32, as it feeds the routing weights' dot products; the gathered copies are exact); the combine sums the K weighted rows in fp32. Hugging Face's loop
+grad_h; ga stays fp32, as it feeds the routing weights' dot products; the gathered copies are exact); the
+combine sums the K weighted rows in fp32. Hugging Face's loop
 rounds act twice and accumulates ``index_add_`` in x's dtype, so half-precision results are at least as close to
 the float64 reference. Indices outside [0, E]: an IndexError on CPU, a device-side assert on CUDA (queued, no
 synchronisation); on an NPU (no device assert kernel) they count as E (nothing), and no kernel ever reads or
@@ -197,8 +198,8 @@ def swiglu_rows(h: torch.Tensor, routing: Routing) -> torch.Tensor:
     n_col_blocks = cdiv(inter, block_i)
     n_tasks = cdiv(n_rows, block_r) * n_col_blocks
     _fused_moe_swiglu_fwd_kernel[(plan.grid(n_tasks),)](
-        h, act, routing.bounds, n_rows, n_tasks, n_col_blocks, inter, routing.num_experts, BLOCK_R=block_r, BLOCK_I=block_i,
-        **plan.launch_options())
+        h, act, routing.bounds, n_rows, n_tasks, n_col_blocks, inter, routing.num_experts, BLOCK_R=block_r,
+        BLOCK_I=block_i, **plan.launch_options())
     return act
 
 

@@ -32,8 +32,9 @@ def _family_patcher(name: str, title: str):
         apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding, norm=norm, loss=loss)
 
     patch.__name__ = patch.__qualname__ = f"apply_npu_liger_to_{name}"
+    experts = " and experts" if FAMILIES[name].expert_classes else ""
     patch.__doc__ = (f"Patch {title} before building models: its rotary function now (module-wide), and its "
-                     f"MLPs{' and experts' if FAMILIES[name].expert_classes else ''} and norms (and, with ``embedding=True``, the "
+                     f"MLPs{experts} and norms (and, with ``embedding=True``, the "
                      f"input embedding) of every model constructed afterwards, and (``loss``) the training loss of "
                      f"its causal LMs through fused linear cross entropy. ``revert({name!r})`` undoes it.")
     return patch
