@@ -164,4 +164,29 @@ def test_patch_before_building(family):
 def test_gpt_oss_experts_are_left_alone():
     """gpt-oss interleaves gate/up columns, transposes its weights, adds biases and clamps its SwiGLU: not the
     layout fused_moe reads, so its experts stay transformers' (and the family is not in the table)."""
+    from npu_liger.transformers.modules import patch_experts
+
     assert "gpt_oss" not in nlt.FAMILIES
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    config = transformers.GptOssConfig(hidden_size=16, intermediate_size=8, num_local_experts=2)
+    with pytest.warns(UserWarning, match="not the computation npu_liger knows"):
+        assert patch_experts(GptOssExperts(config), "silu") is None
+
+
+def test_other_layouts_and_activations_are_left_alone():
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    from npu_liger.transformers.modules import patch_experts, patched_op
+
+    config = transformers.MixtralConfig(hidden_size=16, intermediate_size=8, num_local_experts=2)
+    biased = MixtralExperts(config)
+    biased.has_bias = True  # what use_experts_implementation(has_bias=True) records
+    with pytest.warns(UserWarning, match="stores its experts differently"):
+        assert patch_experts(biased, "silu") is None
+    with pytest.warns(UserWarning, match="silu experts"):
+        assert patch_experts(MixtralExperts(transformers.MixtralConfig(
+            hidden_size=16, intermediate_size=8, num_local_experts=2, hidden_act="gelu_pytorch_tanh")),
+            "gelu_pytorch_tanh") is None
+    plain = MixtralExperts(config)
+    assert patch_experts(plain, "silu") == "fused_moe" and patched_op(plain) == "fused_moe"

@@ -178,7 +178,11 @@ def patch_experts(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
     if not (moe_loop or llama4):
         _forward_is_known(module, _MOE_EXPERTS_PATTERNS, require_all=True)  # warns
         return None
-    if _gated_op_name(module, act_name) != "swiglu" or (moe_loop and not _moe_layout_known(module)):
+    op = _gated_op_name(module, act_name)  # warns for activations without a kernel
+    if op not in (None, "swiglu"):
+        warnings.warn(f"npu_liger: fused_moe computes silu experts; {type(module).__name__} ({op}) left unpatched",
+                      stacklevel=3)
+    if op != "swiglu" or (moe_loop and not _moe_layout_known(module)):
         return None
     _patch_forward(module, _fused_moe_experts_forward if moe_loop else _fused_moe_llama4_experts_forward)
     return "fused_moe"
