@@ -27,6 +27,8 @@ rms_norm       ``transformers.functional.liger_rms_norm(x, w, eps)`` (in_place=T
 fused_add_...  ``transformers.functional.liger_fused_add_rms_norm(x, r, w, eps)``;
                ``LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", True)``
 layer_norm     ``transformers.functional.liger_layer_norm(x, w, b, eps)``; ``LigerLayerNormFunction.apply(...)``
+fused_moe      ``LigerFusedMoEFunction.apply(x, gate_up_proj, down_proj, top_k_index int32, top_k_weights)``
+               (``liger_kernel.ops``, 0.8.1+: what its ``LigerExperts`` module calls; no functional)
 =============  ==========================================================================================
 
 Liger rotates q/k in place (the rope family, and dq/dk in backward) and writes the geglu/swiglu gradients into
@@ -36,6 +38,8 @@ the saved inputs, so the harness hands every variant fresh inputs.
 from __future__ import annotations
 
 import importlib
+
+import torch
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .specs import mrope_section_for
@@ -78,6 +82,7 @@ _FUSED = lambda f: lambda x, r, w: tuple(f(x, r, w, 1e-6))  # noqa: E731
 _FUSED_CLS = lambda c: lambda x, r, w: tuple(c.apply(x, r, w, 1e-6, 0.0, "llama", True))  # noqa: E731
 _LN = lambda f: lambda x, w, b: (f(x, w, b, 1e-5),)  # noqa: E731
 _LN_CLS = lambda c: lambda x, w, b: (c.apply(x, w, b, 1e-5),)  # noqa: E731
+_MOE_CLS = lambda c: lambda x, gu, dp, index, w: (c.apply(x, gu, dp, index.to(torch.int32), w),)  # noqa: E731
 
 F = "liger_kernel.transformers.functional"
 CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
@@ -112,6 +117,8 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
                            ("liger_kernel.ops.fused_add_rms_norm:LigerFusedAddRMSNormFunction", _FUSED_CLS)],
     "layer_norm": [(f"{F}:liger_layer_norm", _LN), ("liger_kernel.ops:LigerLayerNormFunction", _LN_CLS),
                    ("liger_kernel.ops.layer_norm:LigerLayerNormFunction", _LN_CLS)],
+    "fused_moe": [("liger_kernel.ops:LigerFusedMoEFunction", _MOE_CLS),
+                  ("liger_kernel.ops.fused_moe:LigerFusedMoEFunction", _MOE_CLS)],
 }
 
 _RESOLVED: Dict[str, str] = {}

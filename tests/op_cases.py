@@ -113,6 +113,22 @@ def class_weight(n):
     return torch.rand(n, device=DEVICE) + 0.5
 
 
+def fused_moe_reference(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
+    """transformers' ``MixtralExperts.forward`` (its loop over the experts hit, in plain torch; an index equal to E
+    is skipped)."""
+    experts = gate_up_proj.shape[0]
+    out = torch.zeros_like(x)
+    mask = F.one_hot(top_k_index.long(), num_classes=experts + 1).permute(2, 1, 0)
+    for e in range(experts):
+        top_k_pos, token_idx = torch.where(mask[e])
+        if token_idx.numel() == 0:
+            continue
+        gate, up = F.linear(x[token_idx], gate_up_proj[e]).chunk(2, dim=-1)
+        rows = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[token_idx, top_k_pos, None]
+        out = out.index_add(0, token_idx, rows.to(out.dtype))
+    return out
+
+
 CASES = {
     "geglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), gelu_tanh_product),
     "swiglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), silu_product),
@@ -137,6 +153,9 @@ CASES = {
     "fused_linear_cross_entropy": OpCase(lambda: (randn((4, 8)), randn((10, 8)), index((4,), 10), randn((10,)),
                                                   class_weight(10), -100, "mean", 0.1), (0, 1, 3),
                                          flce_reference),
+    # 3 experts, intermediate 8; index 3 (= E) is a slot served elsewhere
+    "fused_moe": OpCase(lambda: (randn((5, 16)), randn((3, 16, 16), scale=0.3), randn((3, 16, 8), scale=0.3),
+                                 index((5, 2), 4), randn((5, 2)).softmax(-1)), (0, 1, 2, 4), fused_moe_reference),
 }
 OPS = sorted(CASES)
 

@@ -3,9 +3,11 @@
 from .cross_entropy import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .embedding import Embedding
 from .geglu import GEGLUMLP
+from .moe import Experts
 from .norm import LayerNorm, RMSNorm
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["CrossEntropyLoss", "Embedding", "FusedLinearCrossEntropyLoss", "GEGLUMLP", "LayerNorm", "RMSNorm",
+__all__ = ["CrossEntropyLoss", "Embedding", "Experts", "FusedLinearCrossEntropyLoss", "GEGLUMLP", "LayerNorm",
+           "RMSNorm",
            "SwiGLUMLP", "TVDLoss"]
