@@ -5,6 +5,6 @@ Adding an op: add its file and one import line here (and its public function to 
 The public functions are not bound here, where they would shadow their modules.
 """
 
-from . import (cross_entropy, embedding, fused_linear_cross_entropy, geglu, layer_norm,  # noqa: F401  (defines the ops)
-               llama4_rope, qwen2vl_mrope, rms_norm, rope, swiglu, tvd)
+from . import (cross_entropy, dyt, embedding, fused_linear_cross_entropy, geglu, group_norm,  # noqa: F401  (the ops)
+               layer_norm, llama4_rope, poly_norm, qwen2vl_mrope, rms_norm, rope, swiglu, tvd)
 from . import _sharding  # noqa: F401,E402  (DTensor sharding rules, once every op above is defined)
