@@ -11,10 +11,11 @@ The r_p are recomputed from x (the backward reads x anyway); dw and db go throug
 (programs, 4) row each, summed on the host in a fixed order (deterministic, no atomics).
 
 Memory analysis (fp32 elements per (BLOCK_R x BLOCK_N) tile):
-- forward: x as loaded, x in fp32, x^2, x^3, the squares x^4 and x^6 being summed, y before the cast -> 7.0
-  (Ascend910B3: 192 KiB * 0.8 / (7 * 4 B) = 5617 -> 4096 columns);
-- backward: x and dy as loaded and in fp32, x^2, x^3, the products dy * x^p and squares being summed, the three
-  terms of dx and dx -> 12.0 (3276 -> 2048 columns).
+- forward: x as loaded, x in fp32 (x^2 and x^3 are formed from it one at a time: bishengir's UB plan for this
+  kernel reuses their buffers; the Ascend check measured 12 bytes per element at fp32), y before the cast
+  -> 4.0 (Ascend910B3: 192 KiB * 0.8 / (4 * 4 B) = 9830 -> 8192 columns, so hidden 8192 is read once);
+- backward: x and dy in fp32, x^2, x^3, the products dy * x^p being summed, the terms of dx -> 8.0
+  (4915 -> 4096 columns; 8192 fits only with multi-buffer off).
 Wider rows loop (``_norm.plan_rows``): 2 passes forward (the three sums of squares, then y), 2 backward (the six
 row sums, then dx); the row sums are reduced per chunk, so no tile-sized accumulator lives across a pass.
 """
@@ -30,8 +31,8 @@ import triton.language as tl
 from ._norm import as_rows, check_eps, check_grad, check_norm_input, plan_rows
 from ._triton import check_float_tensor, grid_stride, launched_kernel, new_like, program_start, require_launchable
 
-FORWARD_MEMORY_MULTIPLIER = 7.0
-BACKWARD_MEMORY_MULTIPLIER = 12.0
+FORWARD_MEMORY_MULTIPLIER = 4.0
+BACKWARD_MEMORY_MULTIPLIER = 8.0
 N_PARTIALS = 4  # dw0, dw1, dw2, db per program
 
 
