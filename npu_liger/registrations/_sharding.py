@@ -33,6 +33,12 @@ What each op accepts (R = Replicate, S(d) = Shard(d), P = Partial(sum)):
   (and residual) S(d) for any d < ndim - 1 with the parameters R -> S(d); all R -> R. Backward ops: grad and x
   S(d) -> grad_x S(d) and the parameter gradients P (each rank sums its own rows); all R -> R; grad P with x R
   -> P throughout (linear in the incoming gradient; fused_add_rms_norm's grad_sum P too).
+- dyt ``(x, alpha, gamma, beta)`` and poly_norm ``(x, weight, bias, eps)``: as the norms above, rows S(d) for any
+  d < ndim - 1 with the parameters R -> S(d) (dyt is elementwise, but its column sharding would need gamma and beta
+  sharded too: not listed, they are gathered); all R -> R. Backward ops: grad and x S(d) -> grad_x S(d), every
+  parameter gradient P (alpha's, weight's and bias's are sums over all elements); all R; grad P with x R -> P.
+- group_norm ``(x (N, C, *), weight, bias, num_groups, eps)``: the batch S(0) -> S(0) (a group spans channels and
+  positions, so no other dim may be split); all R. Backward: S(0) -> (S(0), P, P); all R; grad P -> P.
 - cross_entropy / fused_linear_cross_entropy and their internal ``*_with_grad`` / ``_backward`` ops: tokens
   S(0) (logits or x, and target; weight and bias R) for ``none`` (-> S(0)) and ``sum`` (loss -> P, grad_x S(0),
   grad_weight/grad_bias -> P), or all R. ``mean`` needs the global count of valid tokens: R only. Vocab-parallel
@@ -184,6 +190,30 @@ def _rules(api):
         return ([([R, R, R], [R, R] + params), ([P, P, P], [P, R] + params)]
                 + [([S(d), P, P], [S(d), S(d)] + params) for d in row_dims(x)])
 
+    def dyt(x, alpha, gamma, beta=None):
+        params = [R, R, opt(beta, R)]
+        return [([R], [R] + params)] + [([S(d)], [S(d)] + params) for d in row_dims(x)]
+
+    def dyt_backward(grad_out, x, alpha, gamma, beta):
+        params = [R, R, opt(beta, R)]
+        return ([([R] * 4, [R, R] + params), ([P] * 4, [P, R] + params)]
+                + [([S(d), P, P, P], [S(d), S(d)] + params) for d in row_dims(x)])
+
+    def poly_norm(x, weight, bias, eps=1e-6):
+        return [([R], [R, R, R, None])] + [([S(d)], [S(d), R, R, None]) for d in row_dims(x)]
+
+    def poly_norm_backward(grad_out, x, weight, bias, eps):
+        return ([([R, R, R], [R, R, R, R, None]), ([P, P, P], [P, R, R, R, None])]
+                + [([S(d), P, P], [S(d), S(d), R, R, None]) for d in row_dims(x)])
+
+    def group_norm(x, weight, bias, num_groups, eps=1e-5):
+        params = [opt(weight, R), opt(bias, R), None, None]
+        return [([R], [R] + params), ([S(0)], [S(0)] + params)]
+
+    def group_norm_backward(grad_out, x, weight, bias, num_groups, eps):
+        params = [opt(weight, R), opt(bias, R), None, None]
+        return [([R, R, R], [R, R] + params), ([P, P, P], [P, R] + params), ([S(0), P, P], [S(0), S(0)] + params)]
+
     # The losses: tokens sharded (rows S(0), targets S(0), weight and bias R) or everything R. Rows are independent
     # for "none" (-> S(0)) and "sum" (loss -> P; grad_x rows S(0); grad_weight and grad_bias -> P); "mean" divides
     # by the GLOBAL number of valid rows, so it is R only (call "sum" and divide by the all-reduced count).
@@ -227,7 +257,8 @@ def _rules(api):
         "llama4_rope": llama4, "llama4_rope_backward": llama4_backward,
         "rms_norm": rms_norm, "rms_norm_backward": rms_norm_backward, "fused_add_rms_norm": fused_add_rms_norm,
         "fused_add_rms_norm_backward": fused_add_rms_norm_backward, "layer_norm": layer_norm,
-        "layer_norm_backward": layer_norm_backward,
+        "layer_norm_backward": layer_norm_backward, "dyt": dyt, "dyt_backward": dyt_backward, "poly_norm": poly_norm,
+        "poly_norm_backward": poly_norm_backward, "group_norm": group_norm, "group_norm_backward": group_norm_backward,
         "cross_entropy": cross_entropy, "cross_entropy_with_grad": cross_entropy_with_grad,
         "fused_linear_cross_entropy": flce, "fused_linear_cross_entropy_with_grad": flce_with_grad,
         "fused_linear_cross_entropy_backward": flce_backward,
