@@ -9,6 +9,7 @@ import torch
 from ..npu_ops._norm import check_grad
 from ..npu_ops.dyt import check_dyt_inputs, dyt_backward, dyt_forward
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["dyt"]
 
@@ -34,6 +35,22 @@ dyt_backward_op = define_op(
     "dyt_backward(Tensor grad_out, Tensor x, Tensor alpha, Tensor gamma, Tensor? beta)"
     " -> (Tensor, Tensor, Tensor, Tensor)",
     kernel=dyt_backward, fake=_dyt_backward_fake)
+
+
+@sharding_rule(dyt_op)
+def _dyt_sharding(p, x, *params):
+    """Rows may be sharded: x S(d) for d < ndim - 1 with the parameters R -> S(d); all R -> R. (Elementwise along
+    the last dim too, but that would need gamma and beta sharded with it: not listed, DTensor gathers x.)"""
+    return [p.case(p.R)] + [p.case(p.S(d), x=p.S(d)) for d in range(x.ndim - 1)]
+
+
+@sharding_rule(dyt_backward_op)
+def _dyt_backward_sharding(p, grad_out, x, *params):
+    """grad and x S(d) on a row dim -> grad_x S(d), the parameter gradients P (each rank sums its own elements);
+    all R -> R; grad P with x R -> P throughout (linear in the incoming gradient)."""
+    S, P = p.S, p.P
+    return ([p.case([p.R] * 4), p.case([P] * 4, grad_out=P)]
+            + [p.case([S(d), P, P, P], grad_out=S(d), x=S(d)) for d in range(x.ndim - 1)])
 
 
 def _setup_context(ctx, inputs, output):

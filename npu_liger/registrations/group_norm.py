@@ -9,6 +9,7 @@ import torch
 from ..npu_ops._norm import check_grad
 from ..npu_ops.group_norm import check_group_norm_inputs, group_norm_backward, group_norm_forward
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["group_norm"]
 
@@ -34,6 +35,21 @@ group_norm_backward_op = define_op(
     "group_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, int num_groups, float eps)"
     " -> (Tensor, Tensor, Tensor)",
     kernel=group_norm_backward, fake=_group_norm_backward_fake)
+
+
+@sharding_rule(group_norm_op)
+def _group_norm_sharding(p, x, *args):
+    """The batch may be sharded (a group spans channels and positions, so no other dim may): x S(0) with the
+    parameters R -> S(0); all R -> R."""
+    return [p.case(p.R), p.case(p.S(0), x=p.S(0))]
+
+
+@sharding_rule(group_norm_backward_op)
+def _group_norm_backward_sharding(p, grad_out, x, *args):
+    """grad and x S(0) -> grad_x S(0), the parameter gradients P (each rank sums its own samples); all R -> R; grad P
+    with x R -> P throughout (linear in the incoming gradient)."""
+    S, P = p.S, p.P
+    return [p.case([p.R] * 3), p.case([P] * 3, grad_out=P), p.case([S(0), P, P], grad_out=S(0), x=S(0))]
 
 
 def _setup_context(ctx, inputs, output):
