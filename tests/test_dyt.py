@@ -168,7 +168,8 @@ def test_bad_input_raises_clear_error(call, error, match):
 def test_module_has_liger_arguments_and_loads_its_state_dict():
     dyt = npu_liger.nn.DyT(24, init_alpha=0.8).to(DEVICE)
     assert dyt.alpha.shape == (1,) and dyt.alpha.item() == pytest.approx(0.8) and "init_alpha=0.8" in repr(dyt)
-    assert torch.equal(dyt.gamma, torch.ones(24, device=DEVICE)) and torch.equal(dyt.beta, torch.zeros(24, device=DEVICE))
+    assert torch.equal(dyt.gamma, torch.ones(24, device=DEVICE))
+    assert torch.equal(dyt.beta, torch.zeros(24, device=DEVICE))
     state = {"alpha": randn((1,)), "gamma": randn((24,)), "beta": randn((24,))}  # LigerDyT's keys and shapes
     dyt.load_state_dict(state)
     x = randn((3, 5, 24))

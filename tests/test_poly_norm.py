@@ -108,7 +108,8 @@ def test_empty_inputs(shape):
     assert out.shape == shape
     out.sum().backward()
     assert x.grad.shape == shape
-    assert torch.equal(weight.grad, torch.zeros(3, device=DEVICE)) and torch.equal(bias.grad, torch.zeros(1, device=DEVICE))
+    assert torch.equal(weight.grad, torch.zeros(3, device=DEVICE))
+    assert torch.equal(bias.grad, torch.zeros(1, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
