@@ -90,6 +90,14 @@ def test_both_kernel_paths(small_ub):
     _check(randn((7, 300), torch.bfloat16, noncontiguous=True), *_params(torch.bfloat16))
 
 
+def test_zero_eps_with_a_partly_filled_tile():
+    """eps = 0: the zero rows padding the last tile have r_p = inf; their r_p * S_p = inf * 0 must not reach dw."""
+    plan = plan_rows("cpu", 45, 16, poly_kernels.BACKWARD_MEMORY_MULTIPLIER, persistent=True)
+    if DEVICE == "cpu":
+        assert plan.whole_row and 45 % plan.block_rows != 0
+    _check(randn((45, 16)), *_params(torch.float32), eps=0.0)
+
+
 def test_parameter_gradients_are_deterministic(small_ub):
     small_ub(8192)
     x, dy = randn((50, 200)), randn((50, 200))
