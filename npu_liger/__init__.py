@@ -14,6 +14,7 @@ from .registrations.cross_entropy import cross_entropy  # noqa: E402
 from .registrations.dyt import dyt  # noqa: E402
 from .registrations.embedding import embedding  # noqa: E402
 from .registrations.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from .registrations.fused_moe import fused_moe  # noqa: E402
 from .registrations.geglu import geglu  # noqa: E402
 from .registrations.group_norm import group_norm  # noqa: E402
 from .registrations.layer_norm import layer_norm  # noqa: E402

@@ -180,6 +180,18 @@ def _group_norm(shape, num_groups, affine=True):
     return build
 
 
+def _moe(tokens, hidden, experts, top_k, inter, index_dtype):
+    """fused_moe's inputs (HF experts layout); the index zeros (every slot on expert 0: the launch shapes depend
+    on T, K and E only)."""
+    def build(dtype):
+        return {"x": _e(tokens, hidden, dtype=dtype), "gate_up_proj": _e(experts, 2 * inter, hidden, dtype=dtype),
+                "down_proj": _e(experts, hidden, inter, dtype=dtype),
+                "top_k_index": torch.zeros((tokens, top_k), dtype=index_dtype),
+                "top_k_weights": _e(tokens, top_k, dtype=dtype), "grad_out": _e(tokens, hidden, dtype=dtype),
+                "gate_up_out": _e(tokens * top_k, 2 * inter, dtype=dtype)}
+    return build
+
+
 _RMS_CALLS = [Call("fwd", "rms_norm_forward"), Call("bwd", "rms_norm_backward"),
               Call("fused-fwd", "fused_add_rms_norm_forward"), Call("fused-bwd", "fused_add_rms_norm_backward")]
 
@@ -221,14 +233,18 @@ OPS: List[Op] = [
                     Problem("q/k norm 524288x128 gemma", _norm(4 * 4096 * 32, 128, casting_mode="gemma", offset=1.0)),
                     Problem("7x131 none", _norm(7, 131, casting_mode="none")), Problem("3x20000", _norm(3, 20000))],
        _RMS_CALLS),
+    # Qwen3-MoE-like (Qwen3-30B-A3B: H 2048, 128 experts of I 768; here E 64), odd small, top-1
+    Op("fused_moe", [Problem("T8192 H2048 E64 K8 I768", _moe(8192, 2048, 64, 8, 768, torch.int64), bench=True),
+                     Problem("T7 H129 E3 K2 I33 i32", _moe(7, 129, 3, 2, 33, torch.int32)),
+                     Problem("T5 H64 E4 K1 I16", _moe(5, 64, 4, 1, 16, torch.int64))]),
     Op("layer_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
                       Problem("1280x1280 no bias", _norm(1280, 1280, bias=False)),
                       Problem("7x131 no affine", _norm(7, 131, weight=False, bias=False))]),
-    # DyT: one column block per row (4096 fwd), rows split over column blocks (8192), narrow rows packed per tile
+    # DyT: rows split over column blocks (8192, 20000), narrow rows packed per tile (64), fp32 parameters, no beta
     Op("dyt", [Problem("16384x8192", _dyt(16384, 8192), bench=True), Problem("7x131 no beta", _dyt(7, 131, beta=False)),
                Problem("4096x64 fp32 params", _dyt(4096, 64, param_dtype=torch.float32)),
                Problem("3x20000", _dyt(3, 20000))]),
-    # PolyNorm: looped rows (8192), whole rows (2048, narrow 128), odd
+    # PolyNorm: whole rows (8192 forward, 2048, narrow 128), looped rows (8192 backward), odd
     Op("poly_norm", [Problem("16384x8192", _poly_norm(16384, 8192), bench=True),
                      Problem("8192x2048", _poly_norm(8192, 2048)), Problem("65536x128", _poly_norm(65536, 128)),
                      Problem("7x131", _poly_norm(7, 131))]),
