@@ -100,6 +100,23 @@ def layer_norm_reference(x, weight, bias, eps=1e-5):
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def dyt_reference(x, alpha, gamma, beta=None):
+    y = gamma * torch.tanh(alpha * x)
+    return y if beta is None else y + beta
+
+
+def poly_norm_reference(x, weight, bias, eps=1e-6):
+    """PolyCom's PolyNorm (Liger's test reference)."""
+    def norm(u):
+        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps)
+
+    return weight[0] * norm(x ** 3) + weight[1] * norm(x ** 2) + weight[2] * norm(x) + bias
+
+
+def group_norm_reference(x, weight, bias, num_groups, eps=1e-5):
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
 def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     return F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
                            label_smoothing=label_smoothing)
@@ -107,12 +124,30 @@ def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, redu
 
 def flce_reference(x, weight, target, bias=None, ce_weight=None, ignore_index=-100, reduction="mean",
                    label_smoothing=0.0):
-    return F.cross_entropy(F.linear(x, weight, bias).float(), target, ce_weight, ignore_index=ignore_index,
-                           reduction=reduction, label_smoothing=label_smoothing)
+    logits = F.linear(x, weight, bias)
+    logits = logits if logits.dtype == torch.float64 else logits.float()  # HF's upcast; float64 stays float64
+    return F.cross_entropy(logits, target, ce_weight, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
 
 
 def class_weight(n):
     return torch.rand(n, device=DEVICE) + 0.5
+
+
+def fused_moe_reference(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
+    """transformers' ``MixtralExperts.forward`` (its loop over the experts hit, in plain torch; an index equal to E
+    is skipped)."""
+    experts = gate_up_proj.shape[0]
+    out = torch.zeros_like(x)
+    mask = F.one_hot(top_k_index.long(), num_classes=experts + 1).permute(2, 1, 0)
+    for e in range(experts):
+        top_k_pos, token_idx = torch.where(mask[e])
+        if token_idx.numel() == 0:
+            continue
+        gate, up = F.linear(x[token_idx], gate_up_proj[e]).chunk(2, dim=-1)
+        rows = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[token_idx, top_k_pos, None]
+        out = out.index_add(0, token_idx, rows.to(out.dtype))
+    return out
 
 
 CASES = {
@@ -134,12 +169,18 @@ CASES = {
     "fused_add_rms_norm": OpCase(lambda: (randn((3, 16)), randn((3, 16)), randn((16,))), (0, 1, 2),
                                  fused_add_rms_norm_reference),
     "layer_norm": OpCase(lambda: (randn((3, 16)), randn((16,)), randn((16,))), (0, 1, 2), layer_norm_reference),
+    "dyt": OpCase(lambda: (randn((3, 16)), randn((1,)), randn((16,)), randn((16,))), (0, 1, 2, 3), dyt_reference),
+    "poly_norm": OpCase(lambda: (randn((3, 16)), randn((3,)), randn((1,))), (0, 1, 2), poly_norm_reference),
+    "group_norm": OpCase(lambda: (randn((2, 6, 5)), randn((6,)), randn((6,)), 3), (0, 1, 2), group_norm_reference),
     # class weights and label smoothing: every tensor argument of the row kernel is drawn in every layout
     "cross_entropy": OpCase(lambda: (randn((4, 10)), index((4,), 10), class_weight(10), -100, "mean", 0.1), (0,),
                             cross_entropy_reference),
     "fused_linear_cross_entropy": OpCase(lambda: (randn((4, 8)), randn((10, 8)), index((4,), 10), randn((10,)),
                                                   class_weight(10), -100, "mean", 0.1), (0, 1, 3),
                                          flce_reference),
+    # 3 experts, intermediate 8; index 3 (= E) is a slot served elsewhere
+    "fused_moe": OpCase(lambda: (randn((5, 16)), randn((3, 16, 16), scale=0.3), randn((3, 16, 8), scale=0.3),
+                                 index((5, 2), 4), randn((5, 2)).softmax(-1)), (0, 1, 2, 4), fused_moe_reference),
 }
 OPS = sorted(CASES)
 
