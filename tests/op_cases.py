@@ -106,6 +106,25 @@ def flce_reference(x, weight, target, bias=None, ignore_index=-100, reduction="m
     return F.cross_entropy(F.linear(x, weight, bias).float(), target, ignore_index=ignore_index, reduction=reduction)
 
 
+def softmax_reference(x):
+    return torch.softmax(x, -1)
+
+
+def sparsemax_reference(x, dim=-1):
+    """The paper's algorithm (Martins & Astudillo 2016, Algorithm 1): sort, find the support size k from the
+    cumulative sums, tau = (sum of the k largest - 1) / k. Selections by ``torch.where`` (not multiplication by the
+    support mask), so -inf entries get 0 and a non-finite value outside the support does not reach the rest; a row
+    with a NaN or +inf, or of -inf only, is NaN (the op's contract)."""
+    z = x.movedim(dim, -1)
+    ordered = z.sort(-1, descending=True).values
+    rank = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
+    support = 1 + rank * ordered > ordered.cumsum(-1)
+    tau = (torch.where(support, ordered, 0).sum(-1, keepdim=True) - 1) / support.sum(-1, keepdim=True)
+    defined = (z < float("inf")).all(-1, keepdim=True) & (z > float("-inf")).any(-1, keepdim=True)
+    tau = torch.where(defined, tau, float("nan"))
+    return (z - tau).clamp(min=0).movedim(-1, dim)
+
+
 CASES = {
     "geglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), gelu_tanh_product),
     "swiglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), silu_product),
@@ -124,6 +143,8 @@ CASES = {
     "fused_add_rms_norm": OpCase(lambda: (randn((3, 16)), randn((3, 16)), randn((16,))), (0, 1, 2),
                                  fused_add_rms_norm_reference),
     "layer_norm": OpCase(lambda: (randn((3, 16)), randn((16,)), randn((16,))), (0, 1, 2), layer_norm_reference),
+    "softmax": OpCase(lambda: (randn((3, 4, 19)) * 2.0,), (0,), softmax_reference),
+    "sparsemax": OpCase(lambda: (randn((3, 11, 5)) * 2.0, 1), (0,), sparsemax_reference),
     "cross_entropy": OpCase(lambda: (randn((4, 10)), index((4,), 10)), (0,), cross_entropy_reference),
     "fused_linear_cross_entropy": OpCase(lambda: (randn((4, 8)), randn((10, 8)), index((4,), 10)), (0, 1),
                                          flce_reference),

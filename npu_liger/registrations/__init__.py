@@ -6,5 +6,5 @@ The public functions are not bound here, where they would shadow their modules.
 """
 
 from . import (cross_entropy, embedding, fused_linear_cross_entropy, geglu, layer_norm,  # noqa: F401  (defines the ops)
-               llama4_rope, qwen2vl_mrope, rms_norm, rope, swiglu, tvd)
+               llama4_rope, qwen2vl_mrope, rms_norm, rope, softmax, sparsemax, swiglu, tvd)
 from . import _sharding  # noqa: F401,E402  (DTensor sharding rules, once every op above is defined)

@@ -33,6 +33,9 @@ What each op accepts (R = Replicate, S(d) = Shard(d), P = Partial(sum)):
   (and residual) S(d) for any d < ndim - 1 with the parameters R -> S(d); all R -> R. Backward ops: grad and x
   S(d) -> grad_x S(d) and the parameter gradients P (each rank sums its own rows); all R -> R; grad P with x R
   -> P throughout (linear in the incoming gradient; fused_add_rms_norm's grad_sum P too).
+- softmax ``(x)`` (over the last dim), sparsemax ``(x, dim)``: rows may be sharded, the reduced dim may not: x
+  S(d) for any d but the reduced one -> S(d); R -> R. Backward ops ``(grad_out, y[, dim])``: grad_out and y S(d)
+  (d not reduced) -> S(d); R -> R; grad_out P with y R -> P (linear in the incoming gradient).
 - cross_entropy / fused_linear_cross_entropy and their internal ``*_with_grad`` / ``_backward`` ops: tokens
   S(0) (logits or x, and target; weight and bias R) for ``none`` (-> S(0)) and ``sum`` (loss -> P, grad_x S(0),
   grad_weight/grad_bias -> P), or all R. ``mean`` needs the global count of valid tokens: R only. Vocab-parallel
@@ -184,6 +187,24 @@ def _rules(api):
         return ([([R, R, R], [R, R] + params), ([P, P, P], [P, R] + params)]
                 + [([S(d), P, P], [S(d), S(d)] + params) for d in row_dims(x)])
 
+    def reduced_rows(x, dim):
+        """Every dim of x but the reduced one (``dim``, negative counting from the end)."""
+        rank = max(x.ndim, 1)
+        return [d for d in range(x.ndim) if d != dim % rank]
+
+    def softmax(x):
+        return [([R], [R])] + [([S(d)], [S(d)]) for d in reduced_rows(x, -1)]
+
+    def softmax_backward(grad_out, y):
+        return [([R], [R, R]), ([P], [P, R])] + [([S(d)], [S(d), S(d)]) for d in reduced_rows(y, -1)]
+
+    def sparsemax(x, dim=-1):
+        return [([R], [R, None])] + [([S(d)], [S(d), None]) for d in reduced_rows(x, dim)]
+
+    def sparsemax_backward(grad_out, y, dim):
+        return ([([R], [R, R, None]), ([P], [P, R, None])]
+                + [([S(d)], [S(d), S(d), None]) for d in reduced_rows(y, dim)])
+
     # The losses: tokens sharded (rows S(0), targets S(0), weight and bias R) or everything R. Rows are independent
     # for "none" (-> S(0)) and "sum" (loss -> P; grad_x rows S(0); grad_weight and grad_bias -> P); "mean" divides
     # by the GLOBAL number of valid rows, so it is R only (call "sum" and divide by the all-reduced count).
@@ -227,7 +248,8 @@ def _rules(api):
         "llama4_rope": llama4, "llama4_rope_backward": llama4_backward,
         "rms_norm": rms_norm, "rms_norm_backward": rms_norm_backward, "fused_add_rms_norm": fused_add_rms_norm,
         "fused_add_rms_norm_backward": fused_add_rms_norm_backward, "layer_norm": layer_norm,
-        "layer_norm_backward": layer_norm_backward,
+        "layer_norm_backward": layer_norm_backward, "softmax": softmax, "softmax_backward": softmax_backward,
+        "sparsemax": sparsemax, "sparsemax_backward": sparsemax_backward,
         "cross_entropy": cross_entropy, "cross_entropy_with_grad": cross_entropy_with_grad,
         "fused_linear_cross_entropy": flce, "fused_linear_cross_entropy_with_grad": flce_with_grad,
         "fused_linear_cross_entropy_backward": flce_backward,
