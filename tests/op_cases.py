@@ -114,15 +114,18 @@ def sparsemax_reference(x, dim=-1):
     """The paper's algorithm (Martins & Astudillo 2016, Algorithm 1): sort, find the support size k from the
     cumulative sums, tau = (sum of the k largest - 1) / k. Selections by ``torch.where`` (not multiplication by the
     support mask), so -inf entries get 0 and a non-finite value outside the support does not reach the rest; a row
-    with a NaN or +inf, or of -inf only, is NaN (the op's contract)."""
+    with a NaN or +inf, or of -inf only, is NaN (the op's contract). ``max(x - tau, 0)`` is a selection on
+    x - tau > 0 rather than ``clamp``, whose gradient passes at x == tau: the support is where the output is
+    positive (an entry exactly at tau, common on bf16's coarse grid, gets no gradient)."""
     z = x.movedim(dim, -1)
     ordered = z.sort(-1, descending=True).values
     rank = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
     support = 1 + rank * ordered > ordered.cumsum(-1)
     tau = (torch.where(support, ordered, 0).sum(-1, keepdim=True) - 1) / support.sum(-1, keepdim=True)
     defined = (z < float("inf")).all(-1, keepdim=True) & (z > float("-inf")).any(-1, keepdim=True)
-    tau = torch.where(defined, tau, float("nan"))
-    return (z - tau).clamp(min=0).movedim(-1, dim)
+    shifted = z - tau
+    y = torch.where(defined, torch.where(shifted > 0, shifted, 0), float("nan"))
+    return y.movedim(-1, dim)
 
 
 CASES = {

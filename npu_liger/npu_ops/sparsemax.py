@@ -27,12 +27,12 @@ support). Checked explicitly per row, never through a ``maximum`` clamp (a GPU's
 backward a NaN output is outside the support, so a NaN row's gradient is 0, as autograd of the sort-based formula
 gives it; a NaN in dy reaches the support's gradient (through the mean), never the rest of the row.
 
-Layout: x is addressed as (pre, n, post) with n the reduced dim (``x.reshape``: a view for every layout that
-allows one, strided and transposed ones included), so any dim works without moving it to the end; rows are the
-(pre, post) pairs, split from the row index inside the kernel only when post > 1 (``SPLIT_ROWS``). The output and
-dx are contiguous tensors of x's shape. Kernel paths (``_norm.plan_rows``): whole rows, several narrow rows per
-tile, every pass in the UB; rows wider than one tile loop in chunks, one read of the row per pass: 1 (max, checks)
-+ ``BISECTION_STEPS`` + ``EXACT_STEPS`` + 1 (the output) forward, 2 backward.
+Layout (``_sparsemax_layout.py``): x is viewed as (pre, n, post) around the reduced dim n, any dim, negative or
+not; every tile's last axis has unit stride (triton-ascend gathers along a strided axis): (rows, n) tiles for the
+last dim, small trailing dims and layouts with n innermost; (n, trailing positions) tiles otherwise. The output
+and dx are contiguous tensors of x's shape. Rows that fit one tile do every pass in the UB (x read once, y written
+once; several rows per tile); wider rows loop in chunks, one read of the row per pass: 1 (max, checks) +
+``BISECTION_STEPS`` + ``EXACT_STEPS`` + 1 (the output) forward, 2 backward.
 
 Memory analysis (fp32 elements per (BLOCK_R x BLOCK_N) tile, dtype_size 4):
 - forward: x as loaded, u, and per step the comparison, u - t and the selected value, y before the cast -> 6.0
@@ -42,39 +42,20 @@ Memory analysis (fp32 elements per (BLOCK_R x BLOCK_N) tile, dtype_size 4):
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from ._norm import CudaWideRows, check_grad, plan_rows
+from ._norm import check_grad
+from ._sparsemax_layout import (kernel_view, plan_sparsemax, row_zeros, strides, tile_mask, tile_offsets, tile_zeros,
+                                uses_rows)
 from ._triton import check_float_tensor, grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 FORWARD_MEMORY_MULTIPLIER = 6.0
 BACKWARD_MEMORY_MULTIPLIER = 6.0
 BISECTION_STEPS: tl.constexpr = tl.constexpr(24)
 EXACT_STEPS: tl.constexpr = tl.constexpr(2)
-# CUDA whole rows of 8192+ columns: one row per program on 8 warps (softmax's choice; not measured for sparsemax).
-CUDA_WIDE_ROWS = (CudaWideRows(min_cols=8192, rows=1, warps=8),)
 
-
-
-@triton.jit
-def _row_offsets(rows, post, pre_stride, post_stride, SPLIT_ROWS: tl.constexpr):
-    """Offsets of the first elements of ``rows`` (int64) in a (pre, n, post) tensor, row = p * post + q."""
-    if SPLIT_ROWS:
-        p = rows // post
-        offsets = p * pre_stride + (rows - p * post) * post_stride
-    else:
-        offsets = rows * pre_stride
-    return offsets
-
-
-@triton.jit
-def _finite_row(n_bad, m):
-    """Rows with a sparsemax: no NaN or +inf (``n_bad`` counts them) and a value above -inf (m = the max)."""
-    return (n_bad == 0.0) & (m > float("-inf"))
 
 
 @triton.jit
@@ -90,138 +71,136 @@ def _project(u, tau, ok):
     return tl.where(ok, tl.where(d > 0.0, d, 0.0), float("nan"))
 
 
-@launched_kernel(do_not_specialize=["n_rows", "post", "x_pre_stride", "x_post_stride", "y_pre_stride"])
-def _sparsemax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, post, x_pre_stride, x_col_stride, x_post_stride,
-                          y_pre_stride, y_col_stride, SPLIT_ROWS: tl.constexpr, WHOLE_ROW: tl.constexpr,
-                          BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """x and y are (pre, n, post) (y contiguous: its post stride is 1); rows are the (pre, post) pairs."""
-    row_ids = tl.arange(0, BLOCK_R)[:, None]
-    col_ids = tl.arange(0, BLOCK_N)[None, :]
-    if WHOLE_ROW:  # every pass on the tile in the UB / registers: x read once, y written once
-        col_mask = col_ids < n_cols
-        x_cols = col_ids.to(tl.int64) * x_col_stride
-        y_cols = col_ids.to(tl.int64) * y_col_stride
-        for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
-            rows = start + row_ids
-            mask = (rows < n_rows) & col_mask
-            x = tl.load(x_ptr + _row_offsets(rows, post, x_pre_stride, x_post_stride, SPLIT_ROWS) + x_cols,
-                        mask=mask, other=float("-inf")).to(tl.float32)
-            m = tl.max(x, axis=1)[:, None]
-            ok = _finite_row(tl.sum(_not_finite_below_inf(x), axis=1)[:, None], m)
+@launched_kernel(do_not_specialize=["n_tasks", "tasks_per_outer", "n_rows", "x_outer_stride", "y_outer_stride"])
+def _sparsemax_fwd_kernel(x_ptr, y_ptr, n_tasks, tasks_per_outer, n_rows, n_cols, x_outer_stride, x_row_stride,
+                          x_col_stride, y_outer_stride, y_row_stride, y_col_stride, ROWS_LAST: tl.constexpr,
+                          AXIS: tl.constexpr, WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+    """Task t: rows [b * BLOCK_R, (b + 1) * BLOCK_R) of outer slice o, with (o, b) = divmod(t, tasks_per_outer);
+    ``AXIS``: the tile's column axis (the reductions')."""
+    row_ids = tl.arange(0, BLOCK_R).to(tl.int64)
+    col_ids = tl.arange(0, BLOCK_N).to(tl.int64)
+    for task in tl.range(program_start(1), n_tasks, grid_stride(1)):
+        outer = task // tasks_per_outer
+        rows = (task - outer * tasks_per_outer) * BLOCK_R + row_ids
+        x_base = x_ptr + outer * x_outer_stride
+        y_base = y_ptr + outer * y_outer_stride
+        if WHOLE_ROW:  # every pass on the tile in the UB / registers: x read once, y written once
+            mask = tile_mask(rows, col_ids, n_rows, n_cols, ROWS_LAST)
+            x = tl.load(x_base + tile_offsets(rows, col_ids, x_row_stride, x_col_stride, ROWS_LAST), mask=mask,
+                        other=float("-inf")).to(tl.float32)
+            m = tl.max(x, axis=AXIS, keep_dims=True)
+            ok = (tl.sum(_not_finite_below_inf(x), axis=AXIS, keep_dims=True) == 0.0) & (m > float("-inf"))
             u = x - m
-            lo = tl.zeros((BLOCK_R, 1), dtype=tl.float32) - 1.0
-            hi = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
+            lo = row_zeros(BLOCK_R, ROWS_LAST) - 1.0
+            width = 1.0  # every row's bracket is [lo, lo + width): the same width for all
             for _ in tl.range(0, BISECTION_STEPS):
-                mid = (lo + hi) * 0.5
-                above = tl.sum(tl.where(u > mid, u - mid, 0.0), axis=1)[:, None] >= 1.0
-                lo = tl.where(above, mid, lo)
-                hi = tl.where(above, hi, mid)
+                width = width * 0.5
+                d = u - (lo + width)
+                lo = tl.where(tl.sum(tl.where(d > 0.0, d, 0.0), axis=AXIS, keep_dims=True) >= 1.0, lo + width, lo)
             tau = lo
             for _ in tl.range(0, EXACT_STEPS):
                 support = u > tau
-                count = tl.sum(tl.where(support, 1.0, 0.0), axis=1)[:, None]
-                tau = (tl.sum(tl.where(support, u, 0.0), axis=1)[:, None] - 1.0) / tl.maximum(count, 1.0)
-            y = _project(u, tau, ok)
-            tl.store(y_ptr + _row_offsets(rows, post, y_pre_stride, 1, SPLIT_ROWS) + y_cols,
-                     y.to(y_ptr.dtype.element_ty), mask=mask)
-    else:  # one row in BLOCK_N chunks, one read of the row per pass (module docstring)
-        for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
-            rows = start + row_ids
-            row_ok = rows < n_rows
-            x_row = x_ptr + _row_offsets(rows, post, x_pre_stride, x_post_stride, SPLIT_ROWS)
-            m = tl.zeros((BLOCK_R, 1), dtype=tl.float32) + float("-inf")
-            n_bad = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+                count = tl.sum(tl.where(support, 1.0, 0.0), axis=AXIS, keep_dims=True)
+                tau = (tl.sum(tl.where(support, u, 0.0), axis=AXIS, keep_dims=True) - 1.0) / tl.maximum(count, 1.0)
+            tl.store(y_base + tile_offsets(rows, col_ids, y_row_stride, y_col_stride, ROWS_LAST),
+                     _project(u, tau, ok).to(y_ptr.dtype.element_ty), mask=mask)
+        else:  # the row in BLOCK_N chunks, one read of it per pass (module docstring)
+            m = row_zeros(BLOCK_R, ROWS_LAST) + float("-inf")
+            n_bad = tile_zeros(BLOCK_R, BLOCK_N, ROWS_LAST)
             for c in tl.range(0, n_cols, BLOCK_N):
                 cols = c + col_ids
-                x = tl.load(x_row + cols.to(tl.int64) * x_col_stride, mask=row_ok & (cols < n_cols),
-                            other=float("-inf")).to(tl.float32)
-                m = tl.maximum(m, tl.max(x, axis=1)[:, None])  # may drop a NaN on GPUs: n_bad counts it
+                x = tl.load(x_base + tile_offsets(rows, cols, x_row_stride, x_col_stride, ROWS_LAST),
+                            mask=tile_mask(rows, cols, n_rows, n_cols, ROWS_LAST), other=float("-inf"))
+                x = x.to(tl.float32)
+                m = tl.maximum(m, tl.max(x, axis=AXIS, keep_dims=True))  # may drop a NaN on GPUs: n_bad counts it
                 n_bad += _not_finite_below_inf(x)
-            ok = _finite_row(tl.sum(n_bad, axis=1)[:, None], m)
-            lo = tl.zeros((BLOCK_R, 1), dtype=tl.float32) - 1.0
-            hi = tl.zeros((BLOCK_R, 1), dtype=tl.float32)
+            ok = (tl.sum(n_bad, axis=AXIS, keep_dims=True) == 0.0) & (m > float("-inf"))
+            lo = row_zeros(BLOCK_R, ROWS_LAST) - 1.0
+            width = 1.0
             for _ in tl.range(0, BISECTION_STEPS):
-                mid = (lo + hi) * 0.5
-                acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+                width = width * 0.5
+                mid = lo + width
+                acc = tile_zeros(BLOCK_R, BLOCK_N, ROWS_LAST)
                 for c in tl.range(0, n_cols, BLOCK_N):
                     cols = c + col_ids
-                    u = tl.load(x_row + cols.to(tl.int64) * x_col_stride, mask=row_ok & (cols < n_cols),
-                                other=float("-inf")).to(tl.float32) - m
-                    acc += tl.where(u > mid, u - mid, 0.0)
-                above = tl.sum(acc, axis=1)[:, None] >= 1.0
-                lo = tl.where(above, mid, lo)
-                hi = tl.where(above, hi, mid)
+                    x = tl.load(x_base + tile_offsets(rows, cols, x_row_stride, x_col_stride, ROWS_LAST),
+                                mask=tile_mask(rows, cols, n_rows, n_cols, ROWS_LAST), other=float("-inf"))
+                    d = x.to(tl.float32) - (m + mid)
+                    acc += tl.where(d > 0.0, d, 0.0)
+                lo = tl.where(tl.sum(acc, axis=AXIS, keep_dims=True) >= 1.0, mid, lo)
             tau = lo
             for _ in tl.range(0, EXACT_STEPS):
-                count = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
-                total = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+                count = tile_zeros(BLOCK_R, BLOCK_N, ROWS_LAST)
+                total = tile_zeros(BLOCK_R, BLOCK_N, ROWS_LAST)
                 for c in tl.range(0, n_cols, BLOCK_N):
                     cols = c + col_ids
-                    u = tl.load(x_row + cols.to(tl.int64) * x_col_stride, mask=row_ok & (cols < n_cols),
-                                other=float("-inf")).to(tl.float32) - m
+                    x = tl.load(x_base + tile_offsets(rows, cols, x_row_stride, x_col_stride, ROWS_LAST),
+                                mask=tile_mask(rows, cols, n_rows, n_cols, ROWS_LAST), other=float("-inf"))
+                    u = x.to(tl.float32) - m
                     support = u > tau
                     count += tl.where(support, 1.0, 0.0)
                     total += tl.where(support, u, 0.0)
-                tau = (tl.sum(total, axis=1)[:, None] - 1.0) / tl.maximum(tl.sum(count, axis=1)[:, None], 1.0)
-            y_row = y_ptr + _row_offsets(rows, post, y_pre_stride, 1, SPLIT_ROWS)
+                tau = ((tl.sum(total, axis=AXIS, keep_dims=True) - 1.0)
+                       / tl.maximum(tl.sum(count, axis=AXIS, keep_dims=True), 1.0))
             for c in tl.range(0, n_cols, BLOCK_N):
                 cols = c + col_ids
-                mask = row_ok & (cols < n_cols)
-                u = tl.load(x_row + cols.to(tl.int64) * x_col_stride, mask=mask,
-                            other=float("-inf")).to(tl.float32) - m
-                tl.store(y_row + cols.to(tl.int64) * y_col_stride, _project(u, tau, ok).to(y_ptr.dtype.element_ty),
-                         mask=mask)
+                mask = tile_mask(rows, cols, n_rows, n_cols, ROWS_LAST)
+                x = tl.load(x_base + tile_offsets(rows, cols, x_row_stride, x_col_stride, ROWS_LAST), mask=mask,
+                            other=float("-inf"))
+                tl.store(y_base + tile_offsets(rows, cols, y_row_stride, y_col_stride, ROWS_LAST),
+                         _project(x.to(tl.float32) - m, tau, ok).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@launched_kernel(do_not_specialize=["n_rows", "post", "dy_pre_stride", "dy_post_stride", "y_pre_stride",
-                                    "y_post_stride", "dx_pre_stride"])
-def _sparsemax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, post, dy_pre_stride, dy_col_stride,
-                          dy_post_stride, y_pre_stride, y_col_stride, y_post_stride, dx_pre_stride, dx_col_stride,
-                          SPLIT_ROWS: tl.constexpr, WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-    """dx = dy - mean over the support of dy, on the support (y > 0); 0 elsewhere. dx is contiguous."""
-    row_ids = tl.arange(0, BLOCK_R)[:, None]
-    col_ids = tl.arange(0, BLOCK_N)[None, :]
-    if WHOLE_ROW:
-        col_mask = col_ids < n_cols
-        cols64 = col_ids.to(tl.int64)
-        for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
-            rows = start + row_ids
-            mask = (rows < n_rows) & col_mask
-            y = tl.load(y_ptr + _row_offsets(rows, post, y_pre_stride, y_post_stride, SPLIT_ROWS)
-                        + cols64 * y_col_stride, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + _row_offsets(rows, post, dy_pre_stride, dy_post_stride, SPLIT_ROWS)
-                         + cols64 * dy_col_stride, mask=mask, other=0.0).to(tl.float32)
+@launched_kernel(do_not_specialize=["n_tasks", "tasks_per_outer", "n_rows", "dy_outer_stride", "y_outer_stride",
+                                    "dx_outer_stride"])
+def _sparsemax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, n_tasks, tasks_per_outer, n_rows, n_cols, dy_outer_stride,
+                          dy_row_stride, dy_col_stride, y_outer_stride, y_row_stride, y_col_stride, dx_outer_stride,
+                          dx_row_stride, dx_col_stride, ROWS_LAST: tl.constexpr, AXIS: tl.constexpr,
+                          WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx = dy - mean over the support of dy, on the support (y > 0); 0 elsewhere. Tasks as in the forward."""
+    row_ids = tl.arange(0, BLOCK_R).to(tl.int64)
+    col_ids = tl.arange(0, BLOCK_N).to(tl.int64)
+    for task in tl.range(program_start(1), n_tasks, grid_stride(1)):
+        outer = task // tasks_per_outer
+        rows = (task - outer * tasks_per_outer) * BLOCK_R + row_ids
+        dy_base = dy_ptr + outer * dy_outer_stride
+        y_base = y_ptr + outer * y_outer_stride
+        dx_base = dx_ptr + outer * dx_outer_stride
+        if WHOLE_ROW:
+            mask = tile_mask(rows, col_ids, n_rows, n_cols, ROWS_LAST)
+            y = tl.load(y_base + tile_offsets(rows, col_ids, y_row_stride, y_col_stride, ROWS_LAST), mask=mask,
+                        other=0.0).to(tl.float32)
+            dy = tl.load(dy_base + tile_offsets(rows, col_ids, dy_row_stride, dy_col_stride, ROWS_LAST), mask=mask,
+                         other=0.0).to(tl.float32)
             support = y > 0.0
-            count = tl.sum(tl.where(support, 1.0, 0.0), axis=1)[:, None]
-            mean = tl.sum(tl.where(support, dy, 0.0), axis=1)[:, None] / tl.maximum(count, 1.0)
-            dx = tl.where(support, dy - mean, 0.0)
-            tl.store(dx_ptr + _row_offsets(rows, post, dx_pre_stride, 1, SPLIT_ROWS) + cols64 * dx_col_stride,
-                     dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    else:  # one row in chunks: pass 1 the support's size and sum of dy, pass 2 dx
-        for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
-            rows = start + row_ids
-            row_ok = rows < n_rows
-            y_row = y_ptr + _row_offsets(rows, post, y_pre_stride, y_post_stride, SPLIT_ROWS)
-            dy_row = dy_ptr + _row_offsets(rows, post, dy_pre_stride, dy_post_stride, SPLIT_ROWS)
-            count = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
-            total = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+            count = tl.sum(tl.where(support, 1.0, 0.0), axis=AXIS, keep_dims=True)
+            mean = tl.sum(tl.where(support, dy, 0.0), axis=AXIS, keep_dims=True) / tl.maximum(count, 1.0)
+            tl.store(dx_base + tile_offsets(rows, col_ids, dx_row_stride, dx_col_stride, ROWS_LAST),
+                     tl.where(support, dy - mean, 0.0).to(dx_ptr.dtype.element_ty), mask=mask)
+        else:  # the row in chunks: pass 1 the support's size and sum of dy, pass 2 dx
+            count = tile_zeros(BLOCK_R, BLOCK_N, ROWS_LAST)
+            total = tile_zeros(BLOCK_R, BLOCK_N, ROWS_LAST)
             for c in tl.range(0, n_cols, BLOCK_N):
-                cols = (c + col_ids).to(tl.int64)
-                mask = row_ok & (cols < n_cols)
-                support = tl.load(y_row + cols * y_col_stride, mask=mask, other=0.0).to(tl.float32) > 0.0
-                dy = tl.load(dy_row + cols * dy_col_stride, mask=mask, other=0.0).to(tl.float32)
+                cols = c + col_ids
+                mask = tile_mask(rows, cols, n_rows, n_cols, ROWS_LAST)
+                y = tl.load(y_base + tile_offsets(rows, cols, y_row_stride, y_col_stride, ROWS_LAST), mask=mask,
+                            other=0.0)
+                dy = tl.load(dy_base + tile_offsets(rows, cols, dy_row_stride, dy_col_stride, ROWS_LAST), mask=mask,
+                             other=0.0).to(tl.float32)
+                support = y.to(tl.float32) > 0.0
                 count += tl.where(support, 1.0, 0.0)
                 total += tl.where(support, dy, 0.0)
-            mean = tl.sum(total, axis=1)[:, None] / tl.maximum(tl.sum(count, axis=1)[:, None], 1.0)
-            dx_row = dx_ptr + _row_offsets(rows, post, dx_pre_stride, 1, SPLIT_ROWS)
+            mean = tl.sum(total, axis=AXIS, keep_dims=True) / tl.maximum(tl.sum(count, axis=AXIS, keep_dims=True), 1.0)
             for c in tl.range(0, n_cols, BLOCK_N):
-                cols = (c + col_ids).to(tl.int64)
-                mask = row_ok & (cols < n_cols)
-                support = tl.load(y_row + cols * y_col_stride, mask=mask, other=0.0).to(tl.float32) > 0.0
-                dy = tl.load(dy_row + cols * dy_col_stride, mask=mask, other=0.0).to(tl.float32)
-                tl.store(dx_row + cols * dx_col_stride, tl.where(support, dy - mean, 0.0).to(dx_ptr.dtype.element_ty),
-                         mask=mask)
+                cols = c + col_ids
+                mask = tile_mask(rows, cols, n_rows, n_cols, ROWS_LAST)
+                y = tl.load(y_base + tile_offsets(rows, cols, y_row_stride, y_col_stride, ROWS_LAST), mask=mask,
+                            other=0.0)
+                dy = tl.load(dy_base + tile_offsets(rows, cols, dy_row_stride, dy_col_stride, ROWS_LAST), mask=mask,
+                             other=0.0).to(tl.float32)
+                tl.store(dx_base + tile_offsets(rows, cols, dx_row_stride, dx_col_stride, ROWS_LAST),
+                         tl.where(y.to(tl.float32) > 0.0, dy - mean, 0.0).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def normalize_dim(dim, ndim: int):
@@ -248,11 +227,24 @@ def check_sparsemax_backward_inputs(grad_out: torch.Tensor, y: torch.Tensor, dim
     check_grad("grad_out", grad_out, y.shape, y.dtype, y.device)
 
 
-def _as_3d(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """``t`` as (pre, n, post) around ``dim`` (a view whenever the layout allows, else a copy)."""
-    if t.dim() == 0:
-        return t.reshape(1, 1, 1)
-    return t.reshape(math.prod(t.shape[:dim]), t.shape[dim], math.prod(t.shape[dim + 1:]))
+def _launch(kernel, dim: int, as_rows: bool, memory_multiplier: float, out: torch.Tensor, *inputs):
+    """Run ``kernel`` over the kernel views of ``inputs`` (``kernel_view``) into ``out``, a new contiguous tensor of
+    their shape: directly, or (the rows layout of a dim that is not the last) through a (rows, n) buffer whose rows
+    are then copied into out's layout."""
+    views = [kernel_view(t, dim, as_rows) for t in inputs]
+    pre, n_cols, post = views[0].shape
+    out3 = kernel_view(out, dim, as_rows=False)
+    copy_back = as_rows and out3.shape[2] > 1
+    buffer = torch.empty(views[0].shape, dtype=out.dtype, device=out.device) if copy_back else out3
+    tiles = plan_sparsemax(out.device.type, pre, n_cols, post, memory_multiplier)
+    kernel[(tiles.grid,)](
+        *views, buffer, tiles.n_tasks, tiles.tasks_per_outer, post if tiles.rows_last else pre, n_cols,
+        *[s for v in (*views, buffer) for s in strides(v, tiles)], ROWS_LAST=tiles.rows_last,
+        AXIS=0 if tiles.rows_last else 1, WHOLE_ROW=tiles.whole_row, BLOCK_R=tiles.block_rows,
+        BLOCK_N=tiles.block_cols, **tiles.options)
+    if copy_back:
+        out3.copy_(buffer.view(out3.shape[0], out3.shape[2], n_cols).transpose(1, 2))
+    return out
 
 
 def sparsemax_forward(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -261,16 +253,8 @@ def sparsemax_forward(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if x.numel() == 0:
         return y
     require_launchable(x.device)
-    x3 = _as_3d(x, normalize_dim(dim, x.dim()))
-    pre, n_cols, post = x3.shape
-    n_rows = pre * post
-    tiles = plan_rows(x.device.type, n_rows, n_cols, FORWARD_MEMORY_MULTIPLIER, persistent=False,
-                      cuda_wide_rows=CUDA_WIDE_ROWS)
-    _sparsemax_fwd_kernel[(tiles.grid,)](
-        x3, y, n_rows, n_cols, post, x3.stride(0), x3.stride(1), x3.stride(2), n_cols * post, post,
-        SPLIT_ROWS=post > 1, WHOLE_ROW=tiles.whole_row, BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols,
-        **tiles.options)
-    return y
+    dim = normalize_dim(dim, x.dim())
+    return _launch(_sparsemax_fwd_kernel, dim, uses_rows(x, dim, by_layout=True), FORWARD_MEMORY_MULTIPLIER, y, x)
 
 
 def sparsemax_backward(grad_out: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
@@ -281,13 +265,5 @@ def sparsemax_backward(grad_out: torch.Tensor, y: torch.Tensor, dim: int) -> tor
         return dx
     require_launchable(y.device)
     dim = normalize_dim(dim, y.dim())
-    y3, dy3 = _as_3d(y, dim), _as_3d(grad_out, dim)
-    pre, n_cols, post = y3.shape
-    n_rows = pre * post
-    tiles = plan_rows(y.device.type, n_rows, n_cols, BACKWARD_MEMORY_MULTIPLIER, persistent=False,
-                      cuda_wide_rows=CUDA_WIDE_ROWS)
-    _sparsemax_bwd_kernel[(tiles.grid,)](
-        dy3, y3, dx, n_rows, n_cols, post, dy3.stride(0), dy3.stride(1), dy3.stride(2), y3.stride(0), y3.stride(1),
-        y3.stride(2), n_cols * post, post, SPLIT_ROWS=post > 1, WHOLE_ROW=tiles.whole_row,
-        BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols, **tiles.options)
-    return dx
+    return _launch(_sparsemax_bwd_kernel, dim, uses_rows(y, dim, by_layout=False), BACKWARD_MEMORY_MULTIPLIER, dx,
+                   grad_out, y)

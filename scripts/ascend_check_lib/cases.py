@@ -141,6 +141,21 @@ def _norm(rows, cols, weight=True, bias=True, casting_mode="llama", offset=0.0):
     return build
 
 
+def _rows(rows, cols):
+    """softmax (over the last dim): x and the backward's grad_out and y, all (rows, cols)."""
+    def build(dtype):
+        return {name: _e(rows, cols, dtype=dtype) for name in ("x", "grad_out", "y")}
+    return build
+
+
+def _sparsemax(shape, dim):
+    def build(dtype):
+        values = {name: _e(*shape, dtype=dtype) for name in ("x", "grad_out", "y")}
+        values["dim"] = dim
+        return values
+    return build
+
+
 _RMS_CALLS = [Call("fwd", "rms_norm_forward"), Call("bwd", "rms_norm_backward"),
               Call("fused-fwd", "fused_add_rms_norm_forward"), Call("fused-bwd", "fused_add_rms_norm_backward")]
 
@@ -181,6 +196,19 @@ OPS: List[Op] = [
                     Problem("q/k norm 524288x128 gemma", _norm(4 * 4096 * 32, 128, casting_mode="gemma", offset=1.0)),
                     Problem("7x131 none", _norm(7, 131, casting_mode="none")), Problem("3x20000", _norm(3, 20000))],
        _RMS_CALLS),
+    # whole rows (the 16384x8192 forward reads each row once), several narrow rows per tile (7x131), looped rows
+    # (the 8192-wide backward, 3x20000 both ways)
+    Op("softmax", [Problem("16384x8192", _rows(16384, 8192), bench=True), Problem("7x131", _rows(7, 131)),
+                   Problem("3x20000", _rows(3, 20000))]),
+    # rows layout: the bench shape loops (rows wider than 4096), 7x131 packs rows, 3x20000 loops, dim 1 of (4, 131, 7)
+    # and dim 0 of (20000, 3) (trailing dims under 16: moved last); split layout (columns x 16+ trailing positions):
+    # dim 1 of (8, 1024, 64) whole, dim 0 of (20000, 16) looped
+    Op("sparsemax", [Problem("16384x8192", _sparsemax((16384, 8192), -1), bench=True),
+                     Problem("7x131", _sparsemax((7, 131), -1)), Problem("3x20000", _sparsemax((3, 20000), -1)),
+                     Problem("4x131x7 dim1", _sparsemax((4, 131, 7), 1)),
+                     Problem("20000x3 dim0", _sparsemax((20000, 3), 0)),
+                     Problem("8x1024x64 dim1", _sparsemax((8, 1024, 64), 1)),
+                     Problem("20000x16 dim0", _sparsemax((20000, 16), 0))]),
     Op("layer_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
                       Problem("1280x1280 no bias", _norm(1280, 1280, bias=False)),
                       Problem("7x131 no affine", _norm(7, 131, weight=False, bias=False))]),
