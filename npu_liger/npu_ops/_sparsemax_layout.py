@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tiling import TileRequest, memoised_plan, next_power_of_2, plan_launch
+from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._norm import CUDA_WHOLE_ROW_MAX, CudaWideRows, plan_rows
 from ._triton import COMPUTE_DTYPE_SIZE, cdiv
 

@@ -6,6 +6,7 @@ import torch
 
 from ..npu_ops.softmax import check_softmax_backward_inputs, check_softmax_input, softmax_backward, softmax_forward
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["softmax"]
 
@@ -23,6 +24,20 @@ def _softmax_backward_fake(grad_out, y):
 softmax_op = define_op("softmax(Tensor x) -> Tensor", kernel=softmax_forward, fake=_softmax_fake)
 softmax_backward_op = define_op("softmax_backward(Tensor grad_out, Tensor y) -> Tensor", kernel=softmax_backward,
                                 fake=_softmax_backward_fake)
+
+
+@sharding_rule(softmax_op)
+def _softmax_sharding(p, x):
+    """Rows may be sharded, the reduced (last) dim may not: x S(d) for d < ndim - 1 -> S(d); R -> R."""
+    return [p.case(p.R)] + [p.case(p.S(d), x=p.S(d)) for d in range(x.ndim - 1)]
+
+
+@sharding_rule(softmax_backward_op)
+def _softmax_backward_sharding(p, grad_out, y):
+    """grad_out and y S(d) on a row dim -> S(d); R -> R; grad_out P with y R -> P (linear in the incoming
+    gradient)."""
+    return ([p.case(p.R), p.case(p.P, grad_out=p.P)]
+            + [p.case(p.S(d), grad_out=p.S(d), y=p.S(d)) for d in range(y.ndim - 1)])
 
 
 def _setup_context(ctx, inputs, output):

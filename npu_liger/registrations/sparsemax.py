@@ -7,6 +7,7 @@ import torch
 from ..npu_ops.sparsemax import (check_sparsemax_backward_inputs, check_sparsemax_inputs, sparsemax_backward,
                                  sparsemax_forward)
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["sparsemax"]
 
@@ -24,6 +25,25 @@ def _sparsemax_backward_fake(grad_out, y, dim):
 sparsemax_op = define_op("sparsemax(Tensor x, int dim=-1) -> Tensor", kernel=sparsemax_forward, fake=_sparsemax_fake)
 sparsemax_backward_op = define_op("sparsemax_backward(Tensor grad_out, Tensor y, int dim) -> Tensor",
                                   kernel=sparsemax_backward, fake=_sparsemax_backward_fake)
+
+
+def _row_dims(x, dim):
+    """Every dim of x but the reduced one (``dim``, negative counting from the end)."""
+    return [d for d in range(x.ndim) if d != dim % max(x.ndim, 1)]
+
+
+@sharding_rule(sparsemax_op)
+def _sparsemax_sharding(p, x, dim=-1):
+    """x S(d) on any dim but the reduced one -> S(d); R -> R."""
+    return [p.case(p.R)] + [p.case(p.S(d), x=p.S(d)) for d in _row_dims(x, dim)]
+
+
+@sharding_rule(sparsemax_backward_op)
+def _sparsemax_backward_sharding(p, grad_out, y, dim):
+    """grad_out and y S(d) on a dim that is not reduced -> S(d); R -> R; grad_out P with y R -> P (linear in the
+    incoming gradient)."""
+    return ([p.case(p.R), p.case(p.P, grad_out=p.P)]
+            + [p.case(p.S(d), grad_out=p.S(d), y=p.S(d)) for d in _row_dims(y, dim)])
 
 
 def _setup_context(ctx, inputs, output):
