@@ -29,6 +29,8 @@ fused_add_...  ``transformers.functional.liger_fused_add_rms_norm(x, r, w, eps)`
 layer_norm     ``transformers.functional.liger_layer_norm(x, w, b, eps)``; ``LigerLayerNormFunction.apply(...)``
 softmax        ``transformers.functional.liger_softmax(x)``; ``LigerSoftmaxFunction.apply(x)``
 sparsemax      ``transformers.functional.liger_sparsemax(x, -1)``; ``LigerSparsemaxFunction.apply(x, -1)``
+fused_moe      ``LigerFusedMoEFunction.apply(x, gate_up_proj, down_proj, top_k_index int32, top_k_weights)``
+               (``liger_kernel.ops``, 0.8.1+: what its ``LigerExperts`` module calls; no functional)
 =============  ==========================================================================================
 
 Liger rotates q/k in place (the rope family, and dq/dk in backward) and writes the geglu/swiglu gradients into
@@ -38,6 +40,8 @@ the saved inputs, so the harness hands every variant fresh inputs.
 from __future__ import annotations
 
 import importlib
+
+import torch
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .specs import mrope_section_for
@@ -84,6 +88,7 @@ _SOFTMAX = lambda f: lambda x: (f(x),)  # noqa: E731
 _SOFTMAX_CLS = lambda c: lambda x: (c.apply(x),)  # noqa: E731
 _SPARSEMAX = lambda f: lambda x: (f(x, -1),)  # noqa: E731
 _SPARSEMAX_CLS = lambda c: lambda x: (c.apply(x, -1),)  # noqa: E731
+_MOE_CLS = lambda c: lambda x, gu, dp, index, w: (c.apply(x, gu, dp, index.to(torch.int32), w),)  # noqa: E731
 
 F = "liger_kernel.transformers.functional"
 CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
@@ -122,6 +127,8 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
                 ("liger_kernel.ops.softmax:LigerSoftmaxFunction", _SOFTMAX_CLS)],
     "sparsemax": [(f"{F}:liger_sparsemax", _SPARSEMAX), ("liger_kernel.ops:LigerSparsemaxFunction", _SPARSEMAX_CLS),
                   ("liger_kernel.ops.sparsemax:LigerSparsemaxFunction", _SPARSEMAX_CLS)],
+    "fused_moe": [("liger_kernel.ops:LigerFusedMoEFunction", _MOE_CLS),
+                  ("liger_kernel.ops.fused_moe:LigerFusedMoEFunction", _MOE_CLS)],
 }
 
 _RESOLVED: Dict[str, str] = {}

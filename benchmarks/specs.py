@@ -27,6 +27,9 @@ cross_entropy       logits read: N                                       logits 
                                                                          place only if grad_out != 1)
 fused_linear_ce     compute-bound (3 matmuls of BT x H x V): bytes are   x, W read, grad_x, grad_W written
                     x and W read, for the table's sake
+fused_moe           compute-bound (2 grouped matmuls, T*K x H x 2I and   + grads of x and both weights written,
+                    T*K x I x H): bytes are x and both weights read,     read again: 2x the forward's
+                    out written, for the table's sake
 ==================  ===================================================  ==========================================
 
 (cos/sin/freqs tables, indices, scalar losses and norm weights are left out, as in the issue's definitions.)
@@ -35,7 +38,7 @@ fused_linear_ce     compute-bound (3 matmuls of BT x H x V): bytes are   x, W re
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -97,6 +100,8 @@ class OpSpec:
     bytes_fb: Callable[[Dict, int], float]
     notes: str = ""
     module: Optional[str] = None  # the npu_ops module holding the launcher, when not named after the op
+    # more baselines beside eager, torch.compile and Liger: name -> f(*args) (e.g. transformers' grouped_mm experts)
+    peers: Dict[str, Callable] = field(default_factory=dict)
 
     def cases(self, kind: str) -> List[Case]:
         if kind == "main":
@@ -400,6 +405,22 @@ def _make_flce(p, dtype, device, gen):
                   (torch.ones((), dtype=torch.float32, device=device),))
 
 
+def _make_moe(p, dtype, device, gen):
+    """Experts of a MoE block: top-K of random router logits (K distinct experts per token), softmax weights."""
+    T, H, E, K, inter = p["T"], p["H"], p["E"], p["K"], p["I"]
+    x = _randn((T, H), dtype, device, gen, True)
+    gate_up = _randn((E, 2 * inter, H), dtype, device, gen, True, scale=H ** -0.5)
+    down = _randn((E, H, inter), dtype, device, gen, True, scale=inter ** -0.5)
+    values, index = _randn((T, E), torch.float32, device, gen).topk(K, dim=-1)
+    weights = values.softmax(-1).to(dtype).requires_grad_(True)
+    grad_out = _randn((T, H), dtype, device, gen)
+    return Inputs((x, gate_up, down, index, weights), (x, gate_up, down, weights), (grad_out,))
+
+
+def _moe_bytes(p, s):
+    return (3 * p["E"] * p["H"] * p["I"] + 2 * p["T"] * p["H"]) * s
+
+
 SPECS: Dict[str, OpSpec] = {
     "geglu": _gated_spec("geglu", reference.geglu),
     "swiglu": _gated_spec("swiglu", reference.swiglu),
@@ -469,6 +490,25 @@ SPECS: Dict[str, OpSpec] = {
         bytes_fwd=lambda p, s: (p["BT"] + p["V"]) * p["H"] * s,
         bytes_fb=lambda p, s: 2 * (p["BT"] + p["V"]) * p["H"] * s,
         notes="compute-bound: judge by ms and the f+b peak memory column, not GB/s",
+    ),
+    "fused_moe": OpSpec(
+        name="fused_moe",
+        dtype=torch.bfloat16,
+        main=[dict(T=8192, H=2048, E=64, K=8, I=768)],  # Qwen3-MoE-like (Qwen3-30B-A3B has 128 experts)
+        sweep=lambda t: dict(T=t, H=2048, E=64, K=8, I=768),
+        smoke=dict(T=6, H=16, E=4, K=2, I=8),
+        tiny=dict(T=4, H=64, E=4, K=2, I=32),
+        compile_case=lambda s: dict(T=2 * s, H=512, E=8, K=2, I=256),
+        label=lambda p: f"T{p['T']} H{p['H']} E{p['E']} K{p['K']} I{p['I']}",
+        tokens=lambda p: p["T"],
+        make=_make_moe,
+        eager=reference.moe_experts,
+        npu_args=lambda x, gate_up, down, index, weights: (x, gate_up, down, index, weights),
+        bytes_fwd=_moe_bytes,
+        bytes_fb=lambda p, s: 2 * _moe_bytes(p, s),
+        peers={"hf grouped_mm": reference.moe_experts_grouped_mm},
+        notes="compute-bound: judge by ms; eager = transformers' experts loop, hf grouped_mm = its grouped_mm "
+              "implementation; NPU_LIGER_MOE_GROUPED_MM=triton|torch picks npu_liger's grouped matmul",
     ),
     "rope": _rope_spec(
         "rope", _make_rope,

@@ -13,6 +13,7 @@ from . import nn, registrations, tiling  # noqa: E402
 from .registrations.cross_entropy import cross_entropy  # noqa: E402
 from .registrations.embedding import embedding  # noqa: E402
 from .registrations.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from .registrations.fused_moe import fused_moe  # noqa: E402
 from .registrations.geglu import geglu  # noqa: E402
 from .registrations.layer_norm import layer_norm  # noqa: E402
 from .registrations.llama4_rope import llama4_rope  # noqa: E402

@@ -103,8 +103,10 @@ def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, redu
 
 def flce_reference(x, weight, target, bias=None, ce_weight=None, ignore_index=-100, reduction="mean",
                    label_smoothing=0.0):
-    return F.cross_entropy(F.linear(x, weight, bias).float(), target, ce_weight, ignore_index=ignore_index,
-                           reduction=reduction, label_smoothing=label_smoothing)
+    logits = F.linear(x, weight, bias)
+    logits = logits if logits.dtype == torch.float64 else logits.float()  # HF's upcast; float64 stays float64
+    return F.cross_entropy(logits, target, ce_weight, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
 
 
 def class_weight(n):
@@ -131,6 +133,22 @@ def sparsemax_reference(x, dim=-1):
     shifted = z - tau
     y = torch.where(defined, torch.where(shifted > 0, shifted, 0), float("nan"))
     return y.movedim(-1, dim)
+
+
+def fused_moe_reference(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
+    """transformers' ``MixtralExperts.forward`` (its loop over the experts hit, in plain torch; an index equal to E
+    is skipped)."""
+    experts = gate_up_proj.shape[0]
+    out = torch.zeros_like(x)
+    mask = F.one_hot(top_k_index.long(), num_classes=experts + 1).permute(2, 1, 0)
+    for e in range(experts):
+        top_k_pos, token_idx = torch.where(mask[e])
+        if token_idx.numel() == 0:
+            continue
+        gate, up = F.linear(x[token_idx], gate_up_proj[e]).chunk(2, dim=-1)
+        rows = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[token_idx, top_k_pos, None]
+        out = out.index_add(0, token_idx, rows.to(out.dtype))
+    return out
 
 
 CASES = {
@@ -160,6 +178,9 @@ CASES = {
     "fused_linear_cross_entropy": OpCase(lambda: (randn((4, 8)), randn((10, 8)), index((4,), 10), randn((10,)),
                                                   class_weight(10), -100, "mean", 0.1), (0, 1, 3),
                                          flce_reference),
+    # 3 experts, intermediate 8; index 3 (= E) is a slot served elsewhere
+    "fused_moe": OpCase(lambda: (randn((5, 16)), randn((3, 16, 16), scale=0.3), randn((3, 16, 8), scale=0.3),
+                                 index((5, 2), 4), randn((5, 2)).softmax(-1)), (0, 1, 2, 4), fused_moe_reference),
 }
 OPS = sorted(CASES)
 

@@ -421,6 +421,27 @@ def loss_ops(env):
                 grads=(0, 1, 3))
 
 
+@case
+def fused_moe_op(env):
+    """Tokens sharded (x, index and weights S(0): data or sequence parallel) run without communication (expert
+    gradients P); tensor parallel on the intermediate dim and expert parallel on E have no exact local rule, so
+    DTensor gathers first and the result is exact (docs/DISTRIBUTED.md)."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    tokens, hidden, experts, inter, top_k = 8, 16, 3, 8, 2
+    x = env.randn(tokens, hidden, seed=40)
+    gate_up, down = env.randn(experts, 2 * inter, hidden, seed=41) / 4, env.randn(experts, hidden, inter, seed=42) / 4
+    index = torch.randint(experts + 1, (tokens, top_k), generator=torch.Generator().manual_seed(43)).to(env.device)
+    weights = env.randn(tokens, top_k, seed=44).softmax(-1)
+    check_sharded(env, npu_liger.fused_moe, (x, gate_up, down, index, weights), [
+        layout(R, R, R, R, R, out=(R,)), layout(S(0), R, R, S(0), S(0), out=(S(0),)),
+        layout(R, S(1), S(2), R, R, no_comm=False), layout(R, S(0), S(0), R, R, no_comm=False)],
+        grads=(0, 1, 2, 4))
+
+
 def _rope_inputs(env, seq=6):
     q, k = env.randn(2, 4, seq, 8, seed=8), env.randn(2, 2, seq, 8, seed=9)  # GQA: 4 query heads, 2 kv heads
     return q, k

@@ -3,11 +3,12 @@
 from .cross_entropy import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .embedding import Embedding
 from .geglu import GEGLUMLP
+from .moe import Experts
 from .norm import LayerNorm, RMSNorm
 from .softmax import Softmax
 from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["CrossEntropyLoss", "Embedding", "FusedLinearCrossEntropyLoss", "GEGLUMLP", "LayerNorm", "RMSNorm",
-           "Softmax", "Sparsemax", "SwiGLUMLP", "TVDLoss"]
+__all__ = ["CrossEntropyLoss", "Embedding", "Experts", "FusedLinearCrossEntropyLoss", "GEGLUMLP", "LayerNorm",
+           "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP", "TVDLoss"]

@@ -74,10 +74,10 @@ def chunk_rows(n_rows: int, hidden: int, vocab: int) -> int:
     return min(n_rows, 1 << (wanted.bit_length() - 1)) or 1  # the largest power of two <= wanted
 
 
-def _check_like_x(name: str, t: torch.Tensor, x: torch.Tensor, shape) -> None:
+def _check_like_x(name: str, t: torch.Tensor, x: torch.Tensor, shape, shape_name: str) -> None:
     check_float_tensor(name, t)
     if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+        raise ValueError(f"{name} must have shape {shape_name} = {tuple(shape)}, got {tuple(t.shape)}")
     if t.dtype != x.dtype:
         raise TypeError(f"{name} must have the dtype of x ({x.dtype}), got {t.dtype}")
     if t.device != x.device:
@@ -93,9 +93,9 @@ def check_flce_inputs(x: torch.Tensor, weight: torch.Tensor, target: torch.Tenso
         raise ValueError(f"x must be 2-D (BT, H), got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(f"weight must have shape (V, H) with H = {x.shape[1]} to match x, got {tuple(weight.shape)}")
-    _check_like_x("weight", weight, x, weight.shape)
+    _check_like_x("weight", weight, x, weight.shape, "(V, H)")
     if bias is not None:
-        _check_like_x("bias", bias, x, (weight.shape[0],))
+        _check_like_x("bias", bias, x, (weight.shape[0],), "(V,)")
     check_targets(target, x.shape[0], ce_weight, weight.shape[0], "x", x, weight_name="ce_weight")
     check_loss_options(options)
     if accum_dtype is not None and accum_dtype not in ACCUM_DTYPES:

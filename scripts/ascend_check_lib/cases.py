@@ -169,6 +169,18 @@ def _sparsemax(shape, dim):
     return build
 
 
+def _moe(tokens, hidden, experts, top_k, inter, index_dtype):
+    """fused_moe's inputs (HF experts layout); the index zeros (every slot on expert 0: the launch shapes depend
+    on T, K and E only)."""
+    def build(dtype):
+        return {"x": _e(tokens, hidden, dtype=dtype), "gate_up_proj": _e(experts, 2 * inter, hidden, dtype=dtype),
+                "down_proj": _e(experts, hidden, inter, dtype=dtype),
+                "top_k_index": torch.zeros((tokens, top_k), dtype=index_dtype),
+                "top_k_weights": _e(tokens, top_k, dtype=dtype), "grad_out": _e(tokens, hidden, dtype=dtype),
+                "gate_up_out": _e(tokens * top_k, 2 * inter, dtype=dtype)}
+    return build
+
+
 _RMS_CALLS = [Call("fwd", "rms_norm_forward"), Call("bwd", "rms_norm_backward"),
               Call("fused-fwd", "fused_add_rms_norm_forward"), Call("fused-bwd", "fused_add_rms_norm_backward")]
 
@@ -223,6 +235,10 @@ OPS: List[Op] = [
                      Problem("20000x3 dim0", _sparsemax((20000, 3), 0)),
                      Problem("8x1024x64 dim1", _sparsemax((8, 1024, 64), 1)),
                      Problem("20000x16 dim0", _sparsemax((20000, 16), 0))]),
+    # Qwen3-MoE-like (Qwen3-30B-A3B: H 2048, 128 experts of I 768; here E 64), odd small, top-1
+    Op("fused_moe", [Problem("T8192 H2048 E64 K8 I768", _moe(8192, 2048, 64, 8, 768, torch.int64), bench=True),
+                     Problem("T7 H129 E3 K2 I33 i32", _moe(7, 129, 3, 2, 33, torch.int32)),
+                     Problem("T5 H64 E4 K1 I16", _moe(5, 64, 4, 1, 16, torch.int64))]),
     Op("layer_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
                       Problem("1280x1280 no bias", _norm(1280, 1280, bias=False)),
                       Problem("7x131 no affine", _norm(7, 131, weight=False, bias=False))]),
