@@ -29,6 +29,10 @@ fused_add_...  ``transformers.functional.liger_fused_add_rms_norm(x, r, w, eps)`
 layer_norm     ``transformers.functional.liger_layer_norm(x, w, b, eps)``; ``LigerLayerNormFunction.apply(...)``
 softmax        ``transformers.functional.liger_softmax(x)``; ``LigerSoftmaxFunction.apply(x)``
 sparsemax      ``transformers.functional.liger_sparsemax(x, -1)``; ``LigerSparsemaxFunction.apply(x, -1)``
+dyt            ``transformers.functional.liger_dyt(x, alpha, gamma, beta)``; ``LigerDyTFunction.apply(...)``
+poly_norm      ``transformers.functional.liger_poly_norm(x, w, b, eps)`` (in_place=True, LigerPolyNorm's default;
+               bias 0-d as LigerPolyNorm holds it); ``LigerPolyNormFunction.apply(x, w, b, eps, True)``
+group_norm     ``transformers.functional.liger_group_norm(x, w, b, C, G, eps)``; ``LigerGroupNormFunction.apply``
 fused_moe      ``LigerFusedMoEFunction.apply(x, gate_up_proj, down_proj, top_k_index int32, top_k_weights)``
                (``liger_kernel.ops``, 0.8.1+: what its ``LigerExperts`` module calls; no functional)
 =============  ==========================================================================================
@@ -88,6 +92,12 @@ _SOFTMAX = lambda f: lambda x: (f(x),)  # noqa: E731
 _SOFTMAX_CLS = lambda c: lambda x: (c.apply(x),)  # noqa: E731
 _SPARSEMAX = lambda f: lambda x: (f(x, -1),)  # noqa: E731
 _SPARSEMAX_CLS = lambda c: lambda x: (c.apply(x, -1),)  # noqa: E731
+_DYT = lambda f: lambda x, a, g, b: (f(x, a, g, b),)  # noqa: E731
+_DYT_CLS = lambda c: lambda x, a, g, b: (c.apply(x, a, g, b),)  # noqa: E731
+_POLY = lambda f: lambda x, w, b: (f(x, w, b, 1e-6, True),)  # noqa: E731
+_POLY_CLS = lambda c: lambda x, w, b: (c.apply(x, w, b, 1e-6, True),)  # noqa: E731
+_GN = lambda f: lambda x, w, b, groups: (f(x, w, b, x.shape[1], groups, 1e-5),)  # noqa: E731
+_GN_CLS = lambda c: lambda x, w, b, groups: (c.apply(x, w, b, x.shape[1], groups, 1e-5),)  # noqa: E731
 _MOE_CLS = lambda c: lambda x, gu, dp, index, w: (c.apply(x, gu, dp, index.to(torch.int32), w),)  # noqa: E731
 
 F = "liger_kernel.transformers.functional"
@@ -127,6 +137,12 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
                 ("liger_kernel.ops.softmax:LigerSoftmaxFunction", _SOFTMAX_CLS)],
     "sparsemax": [(f"{F}:liger_sparsemax", _SPARSEMAX), ("liger_kernel.ops:LigerSparsemaxFunction", _SPARSEMAX_CLS),
                   ("liger_kernel.ops.sparsemax:LigerSparsemaxFunction", _SPARSEMAX_CLS)],
+    "dyt": [(f"{F}:liger_dyt", _DYT), ("liger_kernel.ops:LigerDyTFunction", _DYT_CLS),
+            ("liger_kernel.ops.dyt:LigerDyTFunction", _DYT_CLS)],
+    "poly_norm": [(f"{F}:liger_poly_norm", _POLY), ("liger_kernel.ops:LigerPolyNormFunction", _POLY_CLS),
+                  ("liger_kernel.ops.poly_norm:LigerPolyNormFunction", _POLY_CLS)],
+    "group_norm": [(f"{F}:liger_group_norm", _GN), ("liger_kernel.ops:LigerGroupNormFunction", _GN_CLS),
+                   ("liger_kernel.ops.group_norm:LigerGroupNormFunction", _GN_CLS)],
     "fused_moe": [("liger_kernel.ops:LigerFusedMoEFunction", _MOE_CLS),
                   ("liger_kernel.ops.fused_moe:LigerFusedMoEFunction", _MOE_CLS)],
 }

@@ -67,6 +67,23 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
     return torch.where(shifted > 0, shifted, 0).movedim(-1, dim).to(x.dtype)
 
 
+def dyt(x: Tensor, alpha: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
+    """Dynamic Tanh as its paper (and Liger's test) writes it."""
+    return gamma * torch.tanh(alpha * x) + beta
+
+
+def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) -> Tensor:
+    """PolyCom's PolyNorm: ``w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b``, norm an RMSNorm without weight."""
+    def norm(u):
+        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps)
+
+    return weight[0] * norm(x ** 3) + weight[1] * norm(x ** 2) + weight[2] * norm(x) + bias
+
+
+def group_norm(x: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float = 1e-5) -> Tensor:
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     """HF's way: the loss from fp32 logits (``ForCausalLMLoss`` upcasts), mean over targets != -100."""
     return F.cross_entropy(logits.float(), target)

@@ -21,6 +21,10 @@ fused_add_rms_norm  x, residual read, y, s written: 4 N                  + dy, d
                                                                          (x and residual share one gradient)
 softmax,            x read, y written: 2 N (rows that fit one tile)      + dy, y read, dx written: 5 N
 sparsemax
+
+
+dyt, poly_norm,     x read, y written: 2 N                               + dy, x read, dx written: 5 N
+group_norm
 cross_entropy       logits read: N                                       logits read twice (a row does not fit on
                                                                          chip), grad written: 3 N (the training
                                                                          call is one launch; backward scales in
@@ -385,6 +389,41 @@ def _rows_spec(name, eager, notes):
     )
 
 
+def _make_dyt(p, dtype, device, gen):
+    shape, hidden = p["shape"], p["shape"][-1]
+    x = _randn(shape, dtype, device, gen, True)
+    alpha = torch.full((1,), 0.5, dtype=dtype, device=device).requires_grad_(True)  # LigerDyT's init_alpha
+    gamma = (1.0 + 0.1 * _randn((hidden,), torch.float32, device, gen)).to(dtype).requires_grad_(True)
+    beta = _randn((hidden,), dtype, device, gen, True, scale=0.1)
+    return Inputs((x, alpha, gamma, beta), (x, alpha, gamma, beta), (_randn(shape, dtype, device, gen),))
+
+
+def _make_poly_norm(p, dtype, device, gen):
+    """weight near PolyCom's (1/3, 1/3, 1/3); the bias 0-d as LigerPolyNorm holds it."""
+    x = _randn(p["shape"], dtype, device, gen, True)
+    weight = (1.0 / 3.0 + 0.05 * _randn((3,), torch.float32, device, gen)).to(dtype).requires_grad_(True)
+    bias = torch.ones((), dtype=dtype, device=device).requires_grad_(True)
+    return Inputs((x, weight, bias), (x, weight, bias), (_randn(p["shape"], dtype, device, gen),))
+
+
+def _gn_shape(p):
+    return (p["N"], p["C"], p["H"], p["W"])
+
+
+def _make_group_norm(p, dtype, device, gen):
+    x = _randn(_gn_shape(p), dtype, device, gen, True)
+    w = (1.0 + 0.1 * _randn((p["C"],), torch.float32, device, gen)).to(dtype).requires_grad_(True)
+    b = _randn((p["C"],), dtype, device, gen, True, scale=0.1)
+    return Inputs((x, w, b, p["G"]), (x, w, b), (_randn(_gn_shape(p), dtype, device, gen),))
+
+
+def _row_spec(name, eager, npu_args, make, notes):
+    """An op over (tokens, hidden) rows: dyt, poly_norm (the bench shapes of the issue: 16384 x 8192)."""
+    spec = _norm_spec(name, eager, npu_args, make, 2, 5, name, with_qk=False)
+    spec.notes = notes
+    return spec
+
+
 # --- cross_entropy / fused_linear_cross_entropy ---------------------------------------------------------------
 
 def _targets(p, device, gen):
@@ -538,6 +577,29 @@ SPECS: Dict[str, OpSpec] = {
     "sparsemax": _rows_spec("sparsemax", reference.sparsemax,
                             "dim -1; eager: the sort-based formula in fp32; npu_liger: bisection, no sort (compute"
                             " grows with the 24 bisection passes)"),
+
+
+    "dyt": _row_spec("dyt", reference.dyt, lambda x, a, g, b: (x, a, g, b), _make_dyt,
+                     "alpha 0.5 (LigerDyT's init), gamma and beta over the last dim"),
+    "poly_norm": _row_spec("poly_norm", reference.poly_norm, lambda x, w, b: (x, w, b, 1e-6), _make_poly_norm,
+                           "eps 1e-6, weight (3,), 0-d bias"),
+    "group_norm": OpSpec(
+        name="group_norm",
+        dtype=torch.bfloat16,
+        main=[dict(N=32, C=512, H=64, W=64, G=32)],
+        sweep=lambda t: dict(N=max(1, t // 1024), C=512, H=32, W=32, G=32),
+        smoke=dict(N=2, C=6, H=3, W=5, G=3),
+        tiny=dict(N=2, C=8, H=4, W=4, G=4),
+        compile_case=lambda s: dict(N=2, C=128, H=s, W=16, G=32),
+        label=lambda p: f"N{p['N']} C{p['C']} {p['H']}x{p['W']} G{p['G']}",
+        tokens=lambda p: p["N"] * p["H"] * p["W"],
+        make=_make_group_norm,
+        eager=reference.group_norm,
+        npu_args=lambda x, w, b, groups: (x, w, b, groups, 1e-5),
+        bytes_fwd=lambda p, s: 2 * float(torch.Size(_gn_shape(p)).numel()) * s,
+        bytes_fb=lambda p, s: 5 * float(torch.Size(_gn_shape(p)).numel()) * s,
+        notes="eps 1e-5, weight and bias; tokens = N x H x W",
+    ),
 }
 
 def op_names() -> List[str]:

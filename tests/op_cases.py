@@ -96,6 +96,23 @@ def layer_norm_reference(x, weight, bias, eps=1e-5):
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def dyt_reference(x, alpha, gamma, beta=None):
+    y = gamma * torch.tanh(alpha * x)
+    return y if beta is None else y + beta
+
+
+def poly_norm_reference(x, weight, bias, eps=1e-6):
+    """PolyCom's PolyNorm (Liger's test reference)."""
+    def norm(u):
+        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps)
+
+    return weight[0] * norm(x ** 3) + weight[1] * norm(x ** 2) + weight[2] * norm(x) + bias
+
+
+def group_norm_reference(x, weight, bias, num_groups, eps=1e-5):
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
 def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     return F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
                            label_smoothing=label_smoothing)
@@ -172,6 +189,9 @@ CASES = {
     "softmax": OpCase(lambda: (randn((3, 4, 19)) * 2.0,), (0,), softmax_reference),
     # (2, 11, 17) over dim 1: the split layout; its "transposed" layout stores dim 1 innermost (the rows layout)
     "sparsemax": OpCase(lambda: (randn((2, 11, 17)) * 2.0, 1), (0,), sparsemax_reference),
+    "dyt": OpCase(lambda: (randn((3, 16)), randn((1,)), randn((16,)), randn((16,))), (0, 1, 2, 3), dyt_reference),
+    "poly_norm": OpCase(lambda: (randn((3, 16)), randn((3,)), randn((1,))), (0, 1, 2), poly_norm_reference),
+    "group_norm": OpCase(lambda: (randn((2, 6, 5)), randn((6,)), randn((6,)), 3), (0, 1, 2), group_norm_reference),
     # class weights and label smoothing: every tensor argument of the row kernel is drawn in every layout
     "cross_entropy": OpCase(lambda: (randn((4, 10)), index((4,), 10), class_weight(10), -100, "mean", 0.1), (0,),
                             cross_entropy_reference),

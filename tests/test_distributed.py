@@ -392,6 +392,44 @@ def _flce_chunks_of(rows):
 
 
 @case
+def dyt_poly_group_norm_ops(env):
+    """dyt and poly_norm: rows (any leading dim) sharded or replicated without communication, every parameter
+    gradient Partial; a sharded last dim is gathered first. group_norm: the batch sharded or replicated; sharded
+    channels or positions are gathered first (exact)."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    x = env.randn(4, 6, 16, seed=30)
+    alpha, gamma, beta = env.randn(1, seed=31), env.randn(16, seed=32), env.randn(16, seed=33)
+    rows = [(R, (R,), True), (S(0), (S(0),), True), (S(1), (S(1),), True), (S(2), None, False)]
+    check_sharded(env, lambda x_, a_, g_, b_: npu_liger.dyt(x_, a_, g_, b_), (x, alpha, gamma, beta),
+                  [layout(pl, R, R, R, out=out, no_comm=nc) for pl, out, nc in rows], grads=(0, 1, 2, 3))
+    check_sharded(env, lambda x_, a_, g_: npu_liger.dyt(x_, a_, g_), (x, alpha, gamma),
+                  [layout(S(0), R, R, out=(S(0),))], grads=(0, 1, 2))
+    weight, bias = env.randn(3, seed=34), env.randn(1, seed=35)
+    check_sharded(env, lambda x_, w_, b_: npu_liger.poly_norm(x_, w_, b_), (x, weight, bias),
+                  [layout(pl, R, R, out=out, no_comm=nc) for pl, out, nc in rows], grads=(0, 1, 2))
+    xg, wg, bg = env.randn(4, 6, 5, 3, seed=36), env.randn(6, seed=37), env.randn(6, seed=38)
+    check_sharded(env, lambda x_, w_, b_: npu_liger.group_norm(x_, w_, b_, 3), (xg, wg, bg), [
+        layout(R, R, R, out=(R,)), layout(S(0), R, R, out=(S(0),)), layout(S(1), R, R, no_comm=False),
+        layout(S(2), R, R, no_comm=False)], grads=(0, 1, 2))
+    check_sharded(env, lambda x_: npu_liger.group_norm(x_, None, None, 2), (xg,), [layout(S(0), out=(S(0),))],
+                  grads=(0,))
+    # the backward ops with a Partial incoming gradient stay Partial
+    g, gg = env.randn(4, 6, 16, seed=39), env.randn(4, 6, 5, 3, seed=40)
+    for op, grad, args in ((torch.ops.npu_liger.dyt_backward, g, (x, alpha, gamma, beta)),
+                           (torch.ops.npu_liger.poly_norm_backward, g, (x, weight, bias, 1e-6)),
+                           (torch.ops.npu_liger.group_norm_backward, gg, (xg, wg, bg, 3, 1e-5))):
+        got = op(_from_local(env, grad / env.world, P),
+                 *[_from_local(env, a, R) if isinstance(a, torch.Tensor) else a for a in args])
+        assert all(t.placements == (P,) for t in got), [t.placements for t in got]
+        for a, e in zip(got, op(grad, *args), strict=True):
+            torch.testing.assert_close(a.full_tensor(), e)
+
+
+@case
 def loss_ops(env):
     """cross_entropy and fused_linear_cross_entropy with ignored rows on both shards: tokens sharded (S(0)) run
     without communication for ``none`` (-> S(0)) and ``sum`` (-> P, weight/bias grads P); ``mean`` needs the

@@ -32,8 +32,13 @@ def tiny_mm(monkeypatch):
 
 
 def hf_experts(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
-    """transformers' MixtralExperts.forward on these tensors (its own code, in their dtype)."""
+    """transformers' MixtralExperts.forward on these tensors (its own code, in their dtype). A slot served
+    elsewhere (index E) goes to expert 0 with its weight masked to 0: the same output and gradients, and
+    transformers releases before the index-E convention (5.17 one-hot encodes E classes) can run it too."""
     experts, two_inter, hidden = gate_up_proj.shape
+    elsewhere = top_k_index == experts
+    top_k_index = torch.where(elsewhere, torch.zeros_like(top_k_index), top_k_index)
+    top_k_weights = top_k_weights * (~elsewhere).to(top_k_weights.dtype)
     config = MixtralConfig(hidden_size=hidden, intermediate_size=two_inter // 2, num_local_experts=experts,
                            hidden_act="silu")
     module = MixtralExperts(config)
