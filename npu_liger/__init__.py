@@ -12,7 +12,11 @@ from . import nn, registrations, tiling  # noqa: E402
 from .registrations.cross_entropy import cross_entropy  # noqa: E402
 from .registrations.embedding import embedding  # noqa: E402
 from .registrations.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from .registrations.fused_linear_jsd import fused_linear_jsd  # noqa: E402
 from .registrations.geglu import geglu  # noqa: E402
+from .registrations.grpo_loss import grpo_loss  # noqa: E402
+from .registrations.jsd import jsd  # noqa: E402
+from .registrations.kl_div import kl_div  # noqa: E402
 from .registrations.layer_norm import layer_norm  # noqa: E402
 from .registrations.llama4_rope import llama4_rope  # noqa: E402
 from .registrations.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
@@ -28,7 +32,11 @@ __all__ = [
     "embedding",
     "fused_add_rms_norm",
     "fused_linear_cross_entropy",
+    "fused_linear_jsd",
     "geglu",
+    "grpo_loss",
+    "jsd",
+    "kl_div",
     "layer_norm",
     "llama4_rope",
     "nn",

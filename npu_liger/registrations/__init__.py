@@ -7,4 +7,5 @@ The public functions are not bound here, where they would shadow their modules.
 
 from . import (cross_entropy, embedding, fused_linear_cross_entropy, geglu, layer_norm,  # noqa: F401  (defines the ops)
                llama4_rope, qwen2vl_mrope, rms_norm, rope, swiglu, tvd)
+from . import fused_linear_jsd, grpo_loss, jsd, kl_div  # noqa: F401,E402  (the distillation and RL losses)
 from . import _sharding  # noqa: F401,E402  (DTensor sharding rules, once every op above is defined)

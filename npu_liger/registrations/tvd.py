@@ -18,6 +18,7 @@ import torch
 from ..npu_ops._triton import serialized
 from ..npu_ops.tvd import (check_tvd_grad, check_tvd_inputs, loss_dtype, tvd_backward, tvd_backward_from_codes,
                            tvd_forward)
+from ._loss import saveable as _saveable
 from ._op import call_op, define_autograd, define_op, eager_call_allowed, forbid_double_backward
 
 __all__ = ["tvd"]
@@ -46,13 +47,6 @@ tvd_backward_op = define_op(
     kernel=tvd_backward,
     fake=_tvd_backward_fake,
 )
-
-
-def _saveable(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Autograd refuses to save inference-mode tensors (a teacher's q made under ``torch.inference_mode()``, say).
-    The backward needs their values, not their identity, so those are saved as a plain copy; torch's own
-    ``(p - q).abs()`` saves a new tensor (p - q) the same way."""
-    return tensor.clone() if tensor is not None and tensor.is_inference() else tensor
 
 
 def _setup_context(ctx, inputs, output):
