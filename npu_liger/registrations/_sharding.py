@@ -38,6 +38,12 @@ What each op accepts (R = Replicate, S(d) = Shard(d), P = Partial(sum)):
   grad_weight/grad_bias -> P), or all R. ``mean`` needs the global count of valid tokens: R only. Vocab-parallel
   (weight S(0)) needs collectives between the kernel's passes: not listed (docs/DISTRIBUTED.md).
 
+- kl_div ``(y_pred, y_true, reduction, ...)``: as tvd without labels (none S(0) or S(1); sum S(0) or S(1) -> P;
+  batchmean S(1) -> P; mean R only). jsd ``(input, target, shift_labels, ...)`` divides by the global count of
+  valid rows: vocab S(1) with the labels R -> P (its terms are elementwise over log-probabilities), or all R.
+  fused_linear_jsd (a log-softmax over the whole vocabulary, a global divisor) and grpo_loss (its divisors and
+  clip_ratio count the whole batch): all R. Their internal and backward ops follow their forward.
+
 FSDP2 and DDP need no rules: FSDP2 all-gathers parameters into plain tensors before the ops run.
 
 Version gates live in ``_dtensor_api`` only. The one thing the public API gets wrong for these ops:
@@ -217,6 +223,34 @@ def _rules(api):
         b = None if bias is None else R
         return [([R, R, R], [R, R, R, R, b] + [None] * 7), ([S(0), P, P], [S(0), S(0), R, S(0), b] + [None] * 7)]
 
+    def kl_div(y_pred, y_true, reduction="batchmean", *args):
+        return [([R], [R, R, None, None, None])] + [
+            ([out], [pq, pq, None, None, None]) for pq, _, out in tvd_layouts(None, reduction)]
+
+    def kl_div_backward(grad_out, y_pred, y_true, reduction, log_target, eps, grad_pred, grad_true):
+        def grads(placement):  # a gradient not asked for is an empty (0,) tensor: replicated
+            return [placement if grad_pred else R, placement if grad_true else R]
+        rest = [None] * 5
+        rules = [(grads(R), [R, R, R] + rest), (grads(P), [P, R, R] + rest)]
+        for pq, _, _ in tvd_layouts(None, reduction):
+            rules.append((grads(pq), [pq if reduction == "none" else R, pq, pq] + rest))
+        return rules
+
+    def jsd_with_grad(input, target, shift_labels, beta, ignore_index, compute_grad):
+        lab = None if shift_labels is None else R
+        grad_vocab = S(1) if compute_grad else R
+        return [([R, R], [R, R, lab, None, None, None]), ([P, grad_vocab], [S(1), S(1), lab, None, None, None])]
+
+    def jsd(input, target, shift_labels=None, *args):
+        lab = None if shift_labels is None else R
+        return [([R], [R, R, lab, None, None]), ([P], [S(1), S(1), lab, None, None])]
+
+    def replicated(n_outputs):
+        def rule(*args):
+            return [([R] * n_outputs, [None if a is None else R if hasattr(a, "placements") else None
+                                       for a in args])]
+        return rule
+
     rope, rope_backward = rotary(0, 1, 2, tables=2, table_batch_dim=0, extra=0)
     mrope, mrope_backward = rotary(0, 1, 2, tables=2, table_batch_dim=1, extra=1)
     llama4, llama4_backward = rotary(0, 2, 1, tables=1, table_batch_dim=0, extra=0)
@@ -231,6 +265,9 @@ def _rules(api):
         "cross_entropy": cross_entropy, "cross_entropy_with_grad": cross_entropy_with_grad,
         "fused_linear_cross_entropy": flce, "fused_linear_cross_entropy_with_grad": flce_with_grad,
         "fused_linear_cross_entropy_backward": flce_backward,
+        "kl_div": kl_div, "kl_div_backward": kl_div_backward, "jsd": jsd, "jsd_with_grad": jsd_with_grad,
+        "fused_linear_jsd": replicated(1), "fused_linear_jsd_with_grad": replicated(3),
+        "grpo_loss": replicated(4), "grpo_loss_with_grad": replicated(5),
     }
 
 
