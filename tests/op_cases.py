@@ -127,15 +127,20 @@ def jsd_reference(input, target, shift_labels=None, beta=0.5, ignore_index=-100)
     return torch.where(valid, rows, torch.zeros_like(rows)).sum() / valid.sum().clamp(min=1)
 
 
+def _at_least_fp32(t):
+    """Half-precision logits to fp32 (what the loss is computed in), float64 ones kept."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def fused_linear_jsd_reference(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None,
                                jsd_beta=0.5, ignore_index=-100, temperature=1.0):
-    student = (F.linear(student_input, student_weight).float() / temperature).log_softmax(-1)
-    teacher = (F.linear(teacher_input, teacher_weight).float() / temperature).log_softmax(-1)
+    student = (_at_least_fp32(F.linear(student_input, student_weight)) / temperature).log_softmax(-1)
+    teacher = (_at_least_fp32(F.linear(teacher_input, teacher_weight)) / temperature).log_softmax(-1)
     return jsd_reference(student, teacher.detach(), shift_labels, jsd_beta, ignore_index)
 
 
 def grpo_loss_reference(logits, completion_ids, advantages, completion_mask=None, old_logp=None, ref_logp=None,
-                        temperature=1.0, beta=0.04, eps_low=0.2, eps_high=0.2, loss_type="dapo",
+                        temperature=1.0, beta=0.0, eps_low=0.2, eps_high=0.2, loss_type="dapo",
                         max_completion_length=None, num_items_in_batch=None):
     """TRL's GRPOTrainer._compute_loss (token-level importance sampling). Masked tokens are not read (their logits,
     old/ref log-probabilities and advantage are replaced by 0 before use), as the op documents; everything else is
@@ -147,7 +152,8 @@ def grpo_loss_reference(logits, completion_ids, advantages, completion_mask=None
              else completion_mask != 0)
     zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
     logits = torch.where(valid[..., None], logits, zero)
-    logp = (logits.float() / temperature).log_softmax(-1).gather(-1, completion_ids[..., None].long()).squeeze(-1)
+    logp = (_at_least_fp32(logits) / temperature).log_softmax(-1)
+    logp = logp.gather(-1, completion_ids[..., None].long()).squeeze(-1)
     old = logp.detach() if old_logp is None else torch.where(valid, old_logp.to(logp.dtype), 0.0)
     adv = torch.where(valid, advantages[:, None].to(logp.dtype), 0.0)
     coef_1 = torch.exp(logp - old)

@@ -230,7 +230,7 @@ def _report_bad_ids(completion_ids: torch.Tensor, valid: torch.Tensor, n_cols: i
 
 def grpo_loss_forward(logits: torch.Tensor, completion_ids: torch.Tensor, advantages: torch.Tensor,
                       completion_mask: Optional[torch.Tensor] = None, old_logp: Optional[torch.Tensor] = None,
-                      ref_logp: Optional[torch.Tensor] = None, temperature: float = 1.0, beta: float = 0.04,
+                      ref_logp: Optional[torch.Tensor] = None, temperature: float = 1.0, beta: float = 0.0,
                       eps_low: float = 0.2, eps_high: float = 0.2, loss_type: str = "dapo",
                       max_completion_length: Optional[int] = None, num_items_in_batch: Optional[torch.Tensor] = None,
                       compute_grad: bool = False

@@ -20,7 +20,7 @@ __all__ = ["grpo_loss"]
 _ARGS = ("Tensor logits, Tensor completion_ids, Tensor advantages, Tensor? completion_mask{d0}, Tensor? old_logp{d0}, "
          "Tensor? ref_logp{d0}, float temperature{d1}, float beta{d2}, float eps_low{d3}, float eps_high{d3}, "
          "str loss_type{d4}, int? max_completion_length{d0}, Tensor? num_items_in_batch{d0}")
-_DEFAULTS = dict(d0="=None", d1="=1.0", d2="=0.04", d3="=0.2", d4='="dapo"')
+_DEFAULTS = dict(d0="=None", d1="=1.0", d2="=0.0", d3="=0.2", d4='="dapo"')
 _OUTPUTS = "(Tensor loss, Tensor per_token_kl, Tensor is_clipped, Tensor clip_ratio"
 
 
@@ -61,7 +61,7 @@ define_autograd(with_grad_op, backward=_backward, setup_context=_setup_context)
 
 
 def _composite(logits, completion_ids, advantages, completion_mask=None, old_logp=None, ref_logp=None,
-               temperature=1.0, beta=0.04, eps_low=0.2, eps_high=0.2, loss_type="dapo", max_completion_length=None,
+               temperature=1.0, beta=0.0, eps_low=0.2, eps_high=0.2, loss_type="dapo", max_completion_length=None,
                num_items_in_batch=None):
     return with_grad_op(logits, completion_ids, advantages, completion_mask, old_logp, ref_logp, temperature, beta,
                         eps_low, eps_high, loss_type, max_completion_length, num_items_in_batch,
@@ -89,7 +89,7 @@ class GrpoLossEager(torch.autograd.Function):
 
 def grpo_loss(logits: torch.Tensor, completion_ids: torch.Tensor, advantages: torch.Tensor,
               completion_mask: Optional[torch.Tensor] = None, old_logp: Optional[torch.Tensor] = None,
-              ref_logp: Optional[torch.Tensor] = None, temperature: float = 1.0, beta: float = 0.04,
+              ref_logp: Optional[torch.Tensor] = None, temperature: float = 1.0, beta: float = 0.0,
               eps_low: float = 0.2, eps_high: float = 0.2, loss_type: str = "dapo",
               max_completion_length: Optional[int] = None,
               num_items_in_batch: Union[torch.Tensor, int, float, None] = None
@@ -99,7 +99,7 @@ def grpo_loss(logits: torch.Tensor, completion_ids: torch.Tensor, advantages: to
 
     Per token: the importance ratio ``exp(logp - old_logp)`` (1 without old_logp), clipped to ``[1 - eps_low,
     1 + eps_high]`` PPO-style against the sequence's advantage, plus ``beta`` times the k3 KL estimate to
-    ``ref_logp`` (required when beta != 0); logp is the log-softmax of ``logits / temperature`` at the completion
+    ``ref_logp`` (required when beta != 0; beta defaults to TRL's 0.0, ``npu_liger.nn.GRPOLoss`` to Liger's 0.04); logp is the log-softmax of ``logits / temperature`` at the completion
     id. ``loss_type``: ``"grpo"`` (per-sequence token mean, then the batch mean), ``"bnpo"`` (token mean over the
     batch), ``"dr_grpo"`` (sum / (B * max_completion_length), default L) or ``"dapo"`` (sum / num_items_in_batch:
     TRL's global token count divided by the number of processes; the batch's token count without it). Tokens
