@@ -20,7 +20,6 @@ reported). Outputs fsdp.md / fsdp.json in ``benchmarks/output/fsdp`` (untracked)
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os

@@ -12,6 +12,7 @@ the Triton interpreter) a plain wall-clock median stands in for do_bench.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import math
@@ -60,8 +61,7 @@ def copy_bandwidth_gbps(device: str, timer: Timer, nbytes: int) -> float:
     n = nbytes // 4
     src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src))
-    del src, dst
+    ms = timer(functools.partial(dst.copy_, src))
     return 2 * n * 4 / ms / 1e6
 
 
@@ -140,7 +140,8 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
         stage = "forward check"
         with torch.no_grad():
             outs = fn(*pool[0].args)
-        row["fwd_err"] = max(rel_err(o, r) for o, r in zip(outs, ref.fwd, strict=True)) if len(outs) == len(ref.fwd) else math.inf
+        row["fwd_err"] = (max(rel_err(o, r) for o, r in zip(outs, ref.fwd, strict=True))
+                          if len(outs) == len(ref.fwd) else math.inf)
         del outs
 
         stage = "forward+backward check"
@@ -154,8 +155,8 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
         del outs, grads
 
         row["check"] = "ok"
-        bad = [f"{what} rel err {err:.2e} > {tol:.0e}" for what, err in (("fwd", row["fwd_err"]), ("f+b", row["fb_err"]))
-               if err is not None and not (err <= tol)]
+        errors = (("fwd", row["fwd_err"]), ("f+b", row["fb_err"]))
+        bad = [f"{what} rel err {err:.2e} > {tol:.0e}" for what, err in errors if err is not None and not (err <= tol)]
         if bad:
             row["check"] = "MISMATCH " + "; ".join(bad)
 

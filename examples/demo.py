@@ -46,7 +46,6 @@ if DEVICE == "npu":
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-import npu_liger  # noqa: E402
 import npu_liger.transformers as nlt  # noqa: E402
 from npu_liger.tiling import record_plans  # noqa: E402
 
@@ -56,7 +55,8 @@ except ImportError:  # pragma: no cover - a plain line per step instead
     tqdm = None
 
 # Small enough for the CPU interpreter (it runs the rope kernel one (batch, seq) row per program), large
-# enough to learn something (a 32-token successor map, loss ~3.5 -> ~0.4 in 30 steps): 2 layers, GQA (4 query / 2 key-value heads), head_dim 16.
+# enough to learn something (a 32-token successor map, loss ~3.5 -> ~0.4 in 30 steps): 2 layers, GQA (4 query / 2
+# key-value heads), head_dim 16.
 CONFIG = dict(vocab_size=32, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=64, hidden_act="silu",
               bos_token_id=1, eos_token_id=2, pad_token_id=0)

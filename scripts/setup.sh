@@ -17,6 +17,6 @@ fi
 quiet_pip() { "${PIP[@]}" "$@" 2>&1 | { grep -E --line-buffered '^(Collecting|Successfully installed|ERROR)' || true; }; }
 step "installing $TORCH_SPEC${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} (skipped if present)"
 quiet_pip "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-step "installing npu-liger (editable) with the cpu and test extras: triton, transformers, pytest, hypothesis, matplotlib, tqdm"
+step "installing npu-liger (editable) with the cpu and test extras: triton, transformers, peft, pytest, hypothesis, ruff, matplotlib, tqdm"
 quiet_pip -e ".[cpu,test]"
 step "ready: .venv/bin/python"

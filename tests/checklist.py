@@ -143,6 +143,15 @@ def assert_compiles_without_recompiles(fn: Callable, make_inputs: Callable[[int]
         check(inputs, got, fn(*inputs))
 
 
+def compiled_variants(kernel) -> int:
+    """How many variants Triton has compiled of ``kernel`` (a JITFunction or our LaunchedKernel), over devices:
+    a test that a new batch or sequence length compiles nothing new compares it before and after."""
+    caches = getattr(kernel, "device_caches", None)
+    if caches is not None:
+        return sum(len(entry[0]) for entry in caches.values())
+    return sum(len(c) for c in kernel.cache.values())
+
+
 def to_float64(value):
     """A float64 (complex128) copy of a floating (complex) tensor, a new leaf requiring grad where ``value`` does;
     anything else (integer tensors, numbers, lists) as it is."""

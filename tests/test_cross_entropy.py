@@ -130,8 +130,8 @@ def check(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0
 
 def assert_scaled(got, unit, factor):
     """``got == unit * factor`` rounded once to unit's dtype: exactly in fp32. In half precision one unit in the
-    last place: a path that scales the fp32 gradient before its one rounding differs from scaling the rounded gradient by up to an ulp (an absolute
-    2^-24 among fp16 subnormals, seen on the H200)."""
+    last place: a path that scales the fp32 gradient before its one rounding differs from scaling the rounded
+    gradient by up to an ulp (an absolute 2^-24 among fp16 subnormals, seen on the H200)."""
     expected = unit.mul(factor).to(unit.dtype)
     if unit.dtype == torch.float32:
         assert torch.equal(got, expected), "the gradient is not the unit gradient scaled"

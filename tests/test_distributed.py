@@ -936,7 +936,8 @@ if __name__ != "__main__":
         assert distributed_results[name] == "ok", distributed_results[name]
 
     def test_every_op_has_a_sharding_rule():
-        """A new op needs a rule in registrations/_sharding.py (or DTensor raises for it in tensor parallel)."""
+        """A new op needs a rule beside it (``@sharding_rule`` in its registration file), or DTensor raises for it in
+        tensor parallel."""
         import torch.distributed as dist
 
         if not dist.is_available():

@@ -104,9 +104,9 @@ def rounded_logit_grads_sizes(grad_logits64, weight) -> dict:
     over rows in fp32, u || sum_rows |dlogits| ||. When terms cancel (grad_x of one row is w_target - sum_v p_v
     w_v; a word's dlogits across rows change sign) that is many times u ||grad||: the errors can land past twice
     the eager run's error (which rounds once, at the end). CI drew grad_x at 7.1 unit roundoffs against the
-    eager run's 3.3 for one 1x1 row over 700 words; over 300 fresh draws of that case the largest error was 0.39 of the tolerance
-    of ``assert_rounded_grad_close``, and 23 were past the old 2x-eager one. grad_bias of one row drew 1.25 unit
-    roundoffs against the old floor of one."""
+    eager run's 3.3 for one 1x1 row over 700 words; over 300 fresh draws of that case the largest error was 0.39
+    of the tolerance of ``assert_rounded_grad_close``, and 23 were past the old 2x-eager one. grad_bias of one row
+    drew 1.25 unit roundoffs against the old floor of one."""
     g = grad_logits64.abs()
     return {"x": (g @ weight.detach().double().abs()).norm().item(), "bias": g.sum(0).norm().item()}
 
@@ -163,7 +163,7 @@ def check(x, weight, target, bias=None, ignore_index=-100, reduction="mean", lab
             assert_loss_close(loss, ref, ref_lp, x.dtype, f"loss ({reduction})", floors["loss"])
         elif reduction != "none":
             assert torch.equal(loss, unit_loss)
-            for name, got, unit in zip(names, _grads(leaves), unit_grads):
+            for got, unit in zip(_grads(leaves), unit_grads):
                 if got is not None:
                     assert_scaled(got, unit, grad_out)
             continue

@@ -132,8 +132,8 @@ def test_npu_registration_path_after_privateuse1_rename():
     )
     env = dict(os.environ, TRITON_INTERPRET="1")
     for order in ["rename-first", "import-first"]:
-        result = subprocess.run([sys.executable, "-c", script.format(order=order, ops=ALL_OPS)], capture_output=True, text=True,
-                                env=env, timeout=300)
+        result = subprocess.run([sys.executable, "-c", script.format(order=order, ops=ALL_OPS)], capture_output=True,
+                                text=True, env=env, timeout=300)
         assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 

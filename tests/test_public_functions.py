@@ -35,6 +35,10 @@ def _assert_same(got, want):
 
 
 def test_every_public_function_is_listed():
+    """Every op module's public function is exported by ``npu_liger`` (its import line in npu_liger/__init__.py)
+    and has a case in tests/op_cases.py."""
+    for name, fn in npu_liger.registrations.PUBLIC.items():
+        assert getattr(npu_liger, name, None) is fn, f"npu_liger.{name} is not exported (npu_liger/__init__.py)"
     assert set(CALLS) == {n for n in npu_liger.__all__ if callable(getattr(npu_liger, n)) and not n.startswith("_")}
 
 

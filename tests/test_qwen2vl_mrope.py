@@ -72,9 +72,9 @@ def mrope_cases(draw):
     a, b = sorted(draw(st.lists(st.integers(0, half), min_size=2, max_size=2)))
     n_kv_heads = draw(st.sampled_from([1, 2, 3]))
     bsz = draw(st.sampled_from([1, 2, 3]))
-    return dict(bsz=bsz, seq=draw(st.sampled_from([1, 3, 7, 16])), n_q_heads=n_kv_heads * draw(st.sampled_from([1, 2, 4])),
-                n_kv_heads=n_kv_heads, head_dim=head_dim, mrope_section=[a, b - a, half - b],
-                cos_bsz=draw(st.sampled_from([bsz, 1])))
+    return dict(bsz=bsz, seq=draw(st.sampled_from([1, 3, 7, 16])),
+                n_q_heads=n_kv_heads * draw(st.sampled_from([1, 2, 4])), n_kv_heads=n_kv_heads, head_dim=head_dim,
+                mrope_section=[a, b - a, half - b], cos_bsz=draw(st.sampled_from([bsz, 1])))
 
 
 @given(case=mrope_cases(), dtype=st.sampled_from(FLOAT_DTYPES), layout=st.sampled_from(["hf", "contiguous", "strided"]),
@@ -111,7 +111,8 @@ def test_matches_hf_qwen2vl_rotary_embedding():
 
 @pytest.mark.parametrize("mrope_section", [[8, 12, 12], [8, 24], [4, 8, 8, 12], [0, 32, 0], [32]])
 def test_section_lists_of_any_length(mrope_section):
-    """Qwen2-VL's proportions ([16, 24, 24] at head_dim 128) and lists of other lengths: section i of mrope_section * 2 always reads plane i % 3."""
+    """Qwen2-VL's proportions ([16, 24, 24] at head_dim 128) and lists of other lengths: section i of
+    mrope_section * 2 always reads plane i % 3."""
     q, k = make_qk(2, 3, 4, 2, 64, torch.float32)
     cos, sin = mrope_planes(2, 3, 64, torch.float32, "random")
     check_forward_backward(q, k, cos, sin, mrope_section)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import npu_liger
 import npu_liger.npu_ops._rotary as rotary_kernels
 from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiled_forward_backward,
-                       assert_compiles_without_recompiles, check_rotary_pair, randn, run_opcheck)
+                       assert_compiles_without_recompiles, check_rotary_pair, compiled_variants, randn, run_opcheck)
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as hf_partial_rotary  # noqa: E402
@@ -194,7 +194,8 @@ def test_compiled_fullgraph_dynamic_forward_backward_without_recompiles():
 def test_compile_helper_forward_only():
     assert_compiles_without_recompiles(
         lambda q, k, cos, sin: npu_liger.rope(q, k, cos, sin)[0] + 1.0,
-        lambda seq: (*make_qk(2, seq, 4, 2, 16, torch.float32, "hf"), *rope_table(2, seq, 16, torch.float32, "2d", "table")),
+        lambda seq: (*make_qk(2, seq, 4, 2, 16, torch.float32, "hf"),
+                     *rope_table(2, seq, 16, torch.float32, "2d", "table")),
         [5, 9, 23],
         lambda inputs, got, eager: assert_close(got, reference(*(t.double() for t in inputs))[0] + 1.0),
     )
@@ -227,13 +228,6 @@ def test_shape_arguments_are_never_specialised():
                               "MROPE", "PLANE_MASKS"}
 
 
-def compiled_variants(kernel) -> int:
-    caches = getattr(kernel, "device_caches", None)
-    if caches is not None:
-        return sum(len(entry[0]) for entry in caches.values())
-    return sum(len(c) for c in kernel.cache.values())
-
-
 @pytest.mark.skipif(DEVICE == "cpu", reason="the Triton interpreter compiles nothing")
 def test_new_batch_and_seq_compile_no_new_kernel_variant():
     def run(bsz, seq):
@@ -244,7 +238,8 @@ def test_new_batch_and_seq_compile_no_new_kernel_variant():
         (q_out.float().sum() + k_out.float().sum()).backward()
 
     run(2, 64)
-    fwd, bwd = compiled_variants(rotary_kernels._rotary_fwd_kernel), compiled_variants(rotary_kernels._rotary_bwd_kernel)
+    fwd = compiled_variants(rotary_kernels._rotary_fwd_kernel)
+    bwd = compiled_variants(rotary_kernels._rotary_bwd_kernel)
     for bsz, seq in [(1, 1), (3, 17), (4, 4096), (5, 129)]:
         run(bsz, seq)
     assert compiled_variants(rotary_kernels._rotary_fwd_kernel) == fwd

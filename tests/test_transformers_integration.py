@@ -19,7 +19,6 @@ import copy
 import inspect
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -28,7 +27,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from checklist import DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error
 
 transformers = pytest.importorskip("transformers")
-import npu_liger  # noqa: E402
 import npu_liger.transformers as nlt  # noqa: E402
 
 VOCAB, BATCH, SEQ = 128, 2, 6  # small: the CPU interpreter runs rope one (batch, seq) row per program
@@ -338,6 +336,49 @@ def test_llama4_apply_rotary_emb_dropin():
         assert rel_error(a, b) <= FP32_RTOL
 
 
+@pytest.mark.parametrize("family", ["llama", "llama4"])
+def test_rope_patch_leaves_float64_models_to_transformers(family):
+    """The rope patch is module-wide, so it reaches a float64 model of the family, whose dtypes the rope ops refuse:
+    the drop-ins compute it as transformers does (chosen from dtypes alone), with the same logits, loss and
+    gradients, and no rope op runs."""
+    op = FAMILIES[family][1][1]
+    _require_ops((op,))
+    ids = _batch()
+    fp64 = _build(family, torch.float64)
+    ref = _run(fp64, ids)
+    nlt.apply_to_model(_build(family))  # another model of the family
+    assert nlt.patch_summary(fp64)["rope"], "the rope patch did not reach the float64 model"
+    with CountOps() as counter:
+        got = _run(fp64, ids)
+    assert op not in counter.counts, counter.counts
+    for name, value in ref.items():
+        assert (value is None) == (got[name] is None), name
+        assert value is None or (got[name].dtype == value.dtype and torch.equal(got[name], value)), name
+    assert ref["logits"].dtype == torch.float64
+
+
+def test_rope_dropins_leave_unsupported_dtypes_to_transformers():
+    """float64 q/k: the ops refuse them; each drop-in gives transformers' result (the same computation)."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.llama4 import modeling_llama4
+
+    q, k = (t.detach().double() for t in _qk(1))
+    g = torch.Generator().manual_seed(5)
+    angles = (torch.rand(BATCH, SEQ, 4, generator=g, dtype=torch.float64) * 6).to(DEVICE)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    for got, ref in ((nlt.apply_rotary_pos_emb(q, k, cos, sin), modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)),
+                     (nlt.apply_multimodal_rotary_pos_emb(q, k, cos.expand(3, -1, -1, -1), sin.expand(3, -1, -1, -1),
+                                                          [1, 1, 2]),
+                      modeling_llama.apply_rotary_pos_emb(q, k, cos, sin))):
+        for a, b in zip(got, ref, strict=True):
+            assert a.dtype == torch.float64 and torch.equal(a, b)
+    q, k = (t.detach().double() for t in _qk(2))
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)  # complex128
+    for a, b in zip(nlt.apply_rotary_emb(q, k, freqs_cis), modeling_llama4.apply_rotary_emb(q, k, freqs_cis),
+                    strict=True):
+        assert a.dtype == torch.float64 and torch.equal(a, b)
+
+
 def test_imports_without_transformers():
     """transformers is the optional `hf` extra: the subpackage imports without it and says so when used."""
     code = (
@@ -500,3 +541,25 @@ def test_loss_patch_leaves_an_unknown_forward_alone():
     with pytest.warns(UserWarning, match="loss is left unpatched"):
         nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
     assert nlt.patch_summary(model)["loss"] == 0
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")  # 5.x's new name
+@pytest.mark.parametrize("family", ["llama", "llama4"])  # the rope and llama4_rope ops (their shared backward)
+def test_gradient_checkpointing(family):
+    """``gradient_checkpointing_enable()`` (non-reentrant in transformers 5): the checkpoint unpacks each saved
+    tensor once, so every backward formula must read ``ctx.saved_tensors`` once. Every patch on; the loss and
+    every gradient equal the unpatched checkpointed model's."""
+    _require_ops(FAMILIES[family][1] + ("fused_linear_cross_entropy",))
+    ids = _batch()
+    labels = _labels(ids)
+    model = _build(family)
+    model.gradient_checkpointing_enable()
+    _, ref = _run_loss(model, ids, labels)  # before any patch: patching rope is module-wide
+    nlt.apply_to_model(model)
+    _, got = _run_loss(model, ids, labels)  # plain eager: the backward formulas launch the kernels directly
+    _assert_matches(got, ref, what="gradient checkpointing: ")
+    with CountOps() as counter:  # under a dispatch mode: through the backward ops
+        _, got = _run_loss(model, ids, labels)
+    for op in FAMILIES[family][1]:
+        assert counter.counts.get(f"{op}_backward", 0) >= COMMON["num_hidden_layers"], counter.counts
+    _assert_matches(got, ref, what="gradient checkpointing, dispatch mode: ")

@@ -343,7 +343,7 @@ def test_eager_training_backward_reads_codes_not_p_and_q(reduction, bwd_multipli
     p.requires_grad_(True)
     q.requires_grad_(True)
     fast = npu_liger.tvd(p, q, labels, reduction)
-    assert fast.grad_fn is not None and "TvdCodesEager" in type(fast.grad_fn).__name__
+    assert fast.grad_fn is not None and "TvdEager" in type(fast.grad_fn).__name__
     fast.backward(torch.ones_like(fast) * 3.0)
     assert torch.equal(fast, slow) and torch.equal(p.grad, slow_p.grad) and torch.equal(q.grad, slow_q.grad)
 

@@ -10,5 +10,5 @@ from .norm import LayerNorm, RMSNorm
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["CrossEntropyLoss", "Embedding", "FusedLinearCrossEntropyLoss", "FusedLinearJSD", "GEGLUMLP", "GRPOLoss", "JSD",
-           "KLDivLoss", "LayerNorm", "RMSNorm", "SwiGLUMLP", "TVDLoss"]
+__all__ = ["CrossEntropyLoss", "Embedding", "FusedLinearCrossEntropyLoss", "FusedLinearJSD", "GEGLUMLP", "GRPOLoss",
+           "JSD", "KLDivLoss", "LayerNorm", "RMSNorm", "SwiGLUMLP", "TVDLoss"]

@@ -63,8 +63,10 @@ class _RecomputedGateLinear(torch.autograd.Function):
         return grad_a, grad_b, grad_weight, grad_bias, None
 
 
-def _plain_linear(module: nn.Module) -> bool:
-    """An ``nn.Linear`` (not a subclass: LoRA, quantised layers) whose forward nothing observes or replaces."""
+def plain_linear(module: nn.Module) -> bool:
+    """An ``nn.Linear`` (not a subclass: LoRA, quantised layers) whose forward nothing observes or replaces: calling
+    it is exactly ``F.linear(x, weight, bias)``, so code may compute that from its parameters instead (the
+    recomputed down projection here, the loss patch's fused lm_head)."""
     return (type(module) is nn.Linear and "forward" not in module.__dict__
             and not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                      or module._backward_pre_hooks)
@@ -76,7 +78,7 @@ def gated_down_proj(gate_name: str, a: torch.Tensor, b: torch.Tensor, down_proj:
     """``down_proj(gate(a, b))`` for ``gate_name`` in ``GATES``, recomputing the gate product in backward where
     that is safe (module docstring); the same result and gradients either way."""
     gate = GATES[gate_name][0]
-    if recompute_enabled() and torch.is_grad_enabled() and _plain_linear(down_proj):
+    if recompute_enabled() and torch.is_grad_enabled() and plain_linear(down_proj):
         weight, bias = down_proj.weight, down_proj.bias
         # eager_call_allowed first: it turns away meta tensors, a device type autocast does not know
         if (eager_call_allowed(a, b, weight, bias) and a.dtype == b.dtype == weight.dtype

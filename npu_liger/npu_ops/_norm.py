@@ -46,7 +46,9 @@ def cuda_programs_per_sm(n_cols: int) -> int:
 
 class CudaWideRows(NamedTuple):
     """CUDA tiles for whole rows of at least ``min_cols`` columns: ``rows`` rows per program on ``warps`` warps
-    (each kernel's measured best; narrower rows take the tile budget's rows and the default warps rule)."""
+    (each kernel's measured best; narrower rows take the tile budget's rows and the default warps rule). ``rows``
+    lifts the budget's choice (``TileRequest.cuda_max_block`` never lowers a tile), which at these widths is one
+    row: 64 KiB x 0.8 / (4 x 4 B) = 3276 fp32 elements at the smallest multiplier, fewer than 4096 columns."""
     min_cols: int
     rows: int
     warps: int

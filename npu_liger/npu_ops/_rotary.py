@@ -18,8 +18,8 @@ from ._triton import COMPUTE_DTYPE_SIZE, SUPPORTED_DTYPES, check_float_tensor, r
 # A head tile is (BLOCK_H, PAD_HD) elements, held as two (BLOCK_H, PAD_HD // 2) halves. Live per element of it:
 #   x1/x2 upcast to fp32 (1), the raw loads before the upcast (<= 1), the two products of each output before
 #   they are combined (1), y1/y2 before the cast (1) -> ~4 fp32 values -> memory_multiplier 4.0 (Liger's RoPE
-#   example in docs/UB_MANAGER.md counts 3.0 for a kernel without the raw-load and product temporaries; 4.0 is the conservative
-#   estimate, not a measurement). The pass-through copy of partial rotary moves half-width chunks.
+#   example in docs/UB_MANAGER.md counts 3.0 for a kernel without the raw-load and product temporaries; 4.0 is the
+#   conservative estimate, not a measurement). The pass-through copy of partial rotary moves half-width chunks.
 # The interleaved layout also holds the whole loaded row, its (BLOCK_H, BLOCK_HALF, 2) view, the split x1/x2, the
 #   joined y and its cast: on the NPU these are buffers, not register views. The Ascend check's headroom probe
 #   (scripts/ascend_check.py) puts the largest fitting tile at multipliers in (4.8, 9.6] on Ascend910B3 (64 heads

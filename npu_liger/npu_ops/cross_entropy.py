@@ -351,7 +351,8 @@ def launch_rows(logits: torch.Tensor, target: torch.Tensor, row_losses: torch.Te
     grad_arg = grad if compute_grad else row_losses  # never written: COMPUTE_GRAD is off
     _cross_entropy_fwd_kernel[(plan.grid(n_rows),)](
         logits, target, row_losses, grad_arg, scale, n_rows, n_cols, logits.stride(0), logits.stride(1),
-        target.stride(0), grad.stride(0) if compute_grad else 0, scale.stride(0) if scale.dim() else 0, ignore_index, float(label_smoothing),
+        target.stride(0), grad.stride(0) if compute_grad else 0, scale.stride(0) if scale.dim() else 0, ignore_index,
+        float(label_smoothing),
         float(softcap) if softcap is not None else 1.0, float(lse_square_scale), HAS_SOFTCAP=softcap is not None,
         HAS_SMOOTHING=label_smoothing > 0.0, HAS_Z_LOSS=lse_square_scale > 0.0, COMPUTE_GRAD=compute_grad,
         BLOCK_V=plan.block, ORDER_TARGET_STORE=logits.is_cuda, **plan.launch_options()

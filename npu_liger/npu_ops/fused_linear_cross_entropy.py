@@ -24,11 +24,10 @@ Chunk size (``chunk_rows``): big enough that the matmuls run at full speed, smal
 small part of the logits. The binding matmul is the weight-gradient update: ``grad_weight += grad_logits.T @
 x_chunk`` reads and writes all of grad_weight (V x H) for only ``rows`` multiply-adds per element, about rows / 2
 flops per byte in bf16, so below ~400 rows it is memory-bound (an H200 needs ~200 flops per byte: 989 TFLOP/s
-over 4.8 TB/s; Ascend 910B's cube unit is similar). Hence CHUNK_ROWS_ENV = "NPU_LIGER_FLCE_CHUNK_ROWS"
-EFFICIENT_CHUNK_ROWS = 1024, and never more than a
-quarter of the rows (so the chunk's logits are at most 1/4 of the fp32 logits, 1/8 in bf16; calls of fewer
-than 4 x MIN_CHUNK_ROWS rows take MIN_CHUNK_ROWS); and when logits of
-x's size (BT x H elements) are more rows than that, those. Measured on an H200 (BT=8192, H=4096, V=128256,
+over 4.8 TB/s; Ascend 910B's cube unit is similar). Hence EFFICIENT_CHUNK_ROWS = 1024 rows, but never more than
+a quarter of the rows (so the chunk's logits are at most 1/4 of the fp32 logits, 1/8 in bf16; calls of fewer
+than 4 x MIN_CHUNK_ROWS rows take MIN_CHUNK_ROWS); and when logits of x's size (BT x H elements) are more rows
+than that, those. Measured on an H200 (BT=8192, H=4096, V=128256,
 bf16, forward+backward): 256 rows 58.5 ms, 512 rows 46.4 ms, 1024 rows 41.1 ms (263 MB of bf16 logits, 1/16
 of the fp32 logits), 2048 rows 40.1 ms; torch.compile of the unfused loss 39.2 ms with 2 GB of logits.
 ``NPU_LIGER_FLCE_CHUNK_ROWS=<rows>`` overrides the choice (read per call, at run time, also under torch.compile):
@@ -42,10 +41,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._triton import check_float_tensor, new_like
 from ._chunked import CHUNK_ROWS_ENV, EFFICIENT_CHUNK_ROWS, MAX_CHUNK_FRACTION, MIN_CHUNK_ROWS  # noqa: F401
 from ._chunked import chunk_rows
+from ._triton import check_float_tensor, new_like
 from .cross_entropy import check_cross_entropy_args, launch_rows, reduce_rows, target_scale
+
 
 def check_flce_inputs(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
                       ignore_index: int, reduction: str, label_smoothing: float, softcap: Optional[float],

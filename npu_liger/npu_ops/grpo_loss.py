@@ -41,7 +41,8 @@ from typing import Optional, Tuple
 import torch
 import triton.language as tl
 
-from ._triton import check_float_tensor, flat_plan, grid_stride, launched_kernel, new_like, program_start, require_launchable
+from ._triton import (check_float_tensor, flat_plan, grid_stride, launched_kernel, new_like, program_start,
+                      require_launchable)
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 ID_DTYPES = (torch.int32, torch.int64)

@@ -39,7 +39,8 @@ from typing import Tuple
 import torch
 import triton.language as tl
 
-from ._triton import check_float_tensor, flat_plan, grid_stride, launched_kernel, new_like, program_start, require_launchable
+from ._triton import (check_float_tensor, flat_plan, grid_stride, launched_kernel, new_like, program_start,
+                      require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 
@@ -150,7 +151,8 @@ def check_kl_div_grad(grad_out: torch.Tensor, y_pred: torch.Tensor, y_true: torc
         raise ValueError(f"grad_out must be a 0-d tensor for reduction={reduction!r}, got shape "
                          f"{tuple(grad_out.shape)}")
     if grad_out.dtype != loss_dtype(y_pred, y_true):
-        raise TypeError(f"grad_out must have the dtype of the loss ({loss_dtype(y_pred, y_true)}), got {grad_out.dtype}")
+        raise TypeError(f"grad_out must have the dtype of the loss ({loss_dtype(y_pred, y_true)}), "
+                        f"got {grad_out.dtype}")
     if grad_out.device != y_pred.device:
         raise RuntimeError(f"grad_out must be on the device of y_pred ({y_pred.device}), got {grad_out.device}")
 
@@ -195,6 +197,13 @@ def kl_div_backward(grad_out: torch.Tensor, y_pred: torch.Tensor, y_true: torch.
     """(grad_y_pred, grad_y_true), each in its input's dtype; one not asked for is an empty (0,) tensor."""
     check_kl_div_inputs(y_pred, y_true, reduction, log_target, eps)
     check_kl_div_grad(grad_out, y_pred, y_true, reduction)
+    return trusted_kl_div_backward(grad_out, y_pred, y_true, reduction, log_target, eps, grad_pred, grad_true)
+
+
+def trusted_kl_div_backward(grad_out: torch.Tensor, y_pred: torch.Tensor, y_true: torch.Tensor, reduction: str,
+                            log_target: bool, eps: float, grad_pred: bool = True, grad_true: bool = False
+                            ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``kl_div_backward`` without its input checks: for arguments autograd made (the forward checked them)."""
     n_rows, n_cols = y_pred.shape
     gx = new_like(y_pred) if grad_pred else y_pred.new_empty((0,))
     gt = new_like(y_true) if grad_true else y_true.new_empty((0,))

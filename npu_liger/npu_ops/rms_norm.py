@@ -38,9 +38,10 @@ from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_inp
                     param_row, plan_rows)
 from ._triton import check_same_layout, grid_stride, launched_kernel, new_like, program_start, require_launchable
 
-CASTING_MODES = {"llama": 0, "gemma": 1, "none": 2}
 LLAMA: tl.constexpr = tl.constexpr(0)
 GEMMA: tl.constexpr = tl.constexpr(1)
+NONE: tl.constexpr = tl.constexpr(2)
+CASTING_MODES = {"llama": LLAMA.value, "gemma": GEMMA.value, "none": NONE.value}  # casting_mode -> CASTING
 
 FORWARD_MEMORY_MULTIPLIER = 4.0
 FUSED_FORWARD_MEMORY_MULTIPLIER = 6.0
@@ -65,7 +66,7 @@ def _rms_scale(x, rstd, w, x_ptr, CASTING: tl.constexpr):
         y = _round_to(x * rstd, x_ptr) * w
     elif CASTING == GEMMA:
         y = x * rstd * w
-    else:
+    else:  # NONE
         y = x * _round_to(rstd, x_ptr) * w
     return y
 

@@ -15,7 +15,8 @@ Exact for any cos/sin values (the two halves of a table are read separately, nev
 applies the transposed rotation to the output gradients; cos and sin get no gradient.
 
 Outputs are new tensors of q's (k's) shape and dtype, laid out like HF's usual q/k: contiguous in
-(bsz, seq, heads, head_dim) memory, i.e. strides (seq*H*D, D, H*D, 1). Launch, memory analysis and shared checks: ``_rotary.py``; kernels: ``_rotary_kernels.py``.
+(bsz, seq, heads, head_dim) memory, i.e. strides (seq*H*D, D, H*D, 1). Launch, memory analysis and shared checks:
+``_rotary.py``; kernels: ``_rotary_kernels.py``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,16 @@
-"""How PyTorch sees the kernels: one file per op, each defining ``torch.ops.npu_liger.<op>`` (and its
-``<op>_backward``) and its public function (named in the file's ``__all__``, re-exported by ``npu_liger``).
+"""How PyTorch sees the kernels: one file per op (or per family of ops), each defining ``torch.ops.npu_liger.<op>``
+(and its ``<op>_backward``), its DTensor sharding rule and its public function (named in the file's ``__all__``,
+re-exported by ``npu_liger``).
 
-Adding an op: add its file and one import line here (and its public function to ``npu_liger/__init__.py``).
-The public functions are not bound here, where they would shadow their modules.
+Every module here whose name does not start with ``_`` is imported (and so its ops defined) when the package is,
+in name order: adding an op's file is all it takes here. ``PUBLIC`` maps each public function's name to it.
+The public functions are not bound as attributes here, where they would shadow their modules.
 """
 
-from . import (cross_entropy, embedding, fused_linear_cross_entropy, geglu, layer_norm,  # noqa: F401  (defines the ops)
-               llama4_rope, qwen2vl_mrope, rms_norm, rope, swiglu, tvd)
-from . import fused_linear_jsd, grpo_loss, jsd, kl_div  # noqa: F401,E402  (the distillation and RL losses)
-from . import _sharding  # noqa: F401,E402  (DTensor sharding rules, once every op above is defined)
+import importlib
+import pkgutil
+
+OP_MODULES = tuple(importlib.import_module(f"{__name__}.{info.name}")
+                   for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name)
+                   if not info.name.startswith("_"))
+PUBLIC = {name: getattr(module, name) for module in OP_MODULES for name in module.__all__}

@@ -9,6 +9,7 @@ import torch
 
 from ..npu_ops._gated import check_gated_inputs
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 
 def _forward_fake(a, b):
@@ -39,4 +40,18 @@ def define_gated_op(name: str, forward: Callable, backward: Callable) -> Tuple[o
 
     entry = define_autograd(op, backward=_backward, setup_context=_setup_context, kernel=forward)
     forbid_double_backward(backward_op, name)
+    sharding_rule(op)(_gated_sharding)
+    sharding_rule(backward_op)(_gated_backward_sharding)
     return op, backward_op, entry
+
+
+def _gated_sharding(p, a, b):
+    """a and b both S(d) for any d -> S(d); both R -> R. Never P: the ops are nonlinear."""
+    return [p.case(p.R)] + [p.case(p.S(d), a=p.S(d), b=p.S(d)) for d in range(a.ndim)]
+
+
+def _gated_backward_sharding(p, grad_c, a, b):
+    """All S(d) -> S(d); all R -> R; grad_c P with a, b R -> P (the gradients are linear in grad_c)."""
+    S = p.S
+    return ([p.case([p.R, p.R]), p.case([p.P, p.P], grad_c=p.P)]
+            + [p.case([S(d), S(d)], grad_c=S(d), a=S(d), b=S(d)) for d in range(a.ndim)])

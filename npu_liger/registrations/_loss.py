@@ -17,10 +17,14 @@ from typing import List, Optional
 import torch
 
 from ..npu_ops.cross_entropy import scale_in_place as scale_kernel
-from ._op import eager_call_allowed as eager_plain  # noqa: F401  (the one eager-shortcut rule)
-from ..npu_ops._triton import serialized  # noqa: E402
 
-scale_kernel = serialized(scale_kernel)  # called directly below: one CPU launch at a time
+
+def sharded_rows_result(pl, reduction: str):
+    """The losses' sharding: tokens sharded (rows S(0), targets S(0), weight and bias R) or everything R. Rows
+    are independent for ``none`` (the loss -> S(0)) and ``sum`` (-> P; grad_x rows S(0), grad_weight and grad_bias
+    P); ``mean`` divides by the GLOBAL number of valid rows, so it is R only (call ``sum`` and divide by the
+    all-reduced count). The loss's placement for row-sharded inputs, or None where rows may not be sharded."""
+    return {"none": pl.S(0), "sum": pl.P}.get(reduction)
 
 
 def saveable(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -42,8 +46,9 @@ def scaled(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch
     return grad * grad_loss.to(torch.float32)  # a 0-d fp32 factor keeps grad's dtype (and computes in fp32)
 
 
-def scale_in_place(grad: torch.Tensor, grad_loss: torch.Tensor, reduction: str) -> torch.Tensor:
-    """``grad *= grad_loss`` (per row for ``none``), skipped on the device where grad_loss is exactly 1."""
+def scale_in_place(grad: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
+    """``grad *= grad_loss`` (0-d, or one per row of a 2-D grad), skipped on the device where grad_loss is exactly
+    1. The eager paths' backward (serialised there)."""
     return scale_kernel(grad, grad_loss.detach())
 
 

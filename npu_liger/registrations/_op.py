@@ -1,14 +1,19 @@
-"""The one helper every op registration uses: define a schema, bind its device kernels and fake, add autograd.
+"""The one helper every op registration uses: define a schema, bind its device kernels and fake, add autograd, and
+build the public function's eager entry.
 
 Ops are defined with ``torch.library.Library.define`` / ``impl`` (cheaper per call than ``custom_op``'s
 Python wrapper) and registered for every backend key: ``CPU`` (Triton interpreter), ``CUDA`` and
 ``PrivateUse1`` (the key torch_npu renames to "npu"; registering the key rather than the name works whether
 torch_npu is imported before or after npu_liger, and touches no driver).
+
+Every launch the helpers make is CPU-serialised (``npu_ops._triton.serialized``: the interpreter is not
+thread-safe): the kernels given to ``define_op``, the entry's kernel and an ``EagerPath``'s functions. Code here
+never wraps a launcher by hand.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -17,13 +22,17 @@ from ..npu_ops._triton import serialized
 NAMESPACE = "npu_liger"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 DEVICE_DISPATCH_KEYS = ("CPU", "CUDA", "PrivateUse1")
-_KERNELS = {}  # op overload -> its device kernel (serialised), for ``call_op``
+_KERNELS = {}  # op overload -> the kernel ``call_op`` runs in plain eager code (serialised)
 _FORMULAS = {}  # op overload -> its autograd formula's apply, for ``call_op`` under torch.func transforms
 
 
-def define_op(schema: str, *, kernel: Callable, fake: Callable) -> "torch._ops.OpOverload":
+def define_op(schema: str, *, kernel: Callable, fake: Callable,
+              trusted_kernel: Optional[Callable] = None) -> "torch._ops.OpOverload":
     """Define ``npu_liger::<schema>`` with ``kernel`` on every device key and ``fake`` for tracing.
 
+    ``trusted_kernel``: the launcher without ``kernel``'s input checks, which ``call_op`` runs for arguments that
+    autograd made (a backward op's incoming gradients have the outputs' shapes and dtypes, its saved tensors were
+    checked by the forward): tens of microseconds of host time per call on a slow CPU.
     Returns the bound overload (``torch.ops.npu_liger.<name>.default``) so callers skip attribute lookups.
     """
     name = schema.split("(", 1)[0].strip()
@@ -33,17 +42,18 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable) -> "torch._ops.O
         LIBRARY.impl(name, kernel, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
-    _KERNELS[overload] = kernel
+    _KERNELS[overload] = serialized(trusted_kernel) if trusted_kernel is not None else kernel
     return overload
 
 
 def call_op(op: "torch._ops.OpOverload", *args):
     """``op(*args)`` from an autograd formula (typically a backward op): in plain eager code that records no
-    graph (``eager_kernels_allowed``) the op's kernel runs directly, without the dispatcher's round trip; in
-    every other case (tracing, modes, create_graph=True, which reaches the double-backward error) the op."""
+    graph (``eager_kernels_allowed``) the op's kernel runs directly, without the dispatcher's round trip; under
+    torch.func transforms its formula (see ``_register_autograd``); in every other case (tracing, modes,
+    create_graph=True, which reaches the double-backward error) the op."""
     if eager_kernels_allowed(*[a for a in args if isinstance(a, Tensor)]):
         return _KERNELS[op](*args)
-    if _functorch_active() and op in _FORMULAS:  # see _register_autograd
+    if _functorch_active() and op in _FORMULAS:
         return _FORMULAS[op](*args)
     return op(*args)
 
@@ -58,18 +68,41 @@ def define_composite(schema: str, fn: Callable) -> "torch._ops.OpOverload":
     return getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
-def define_autograd(
-    op: "torch._ops.OpOverload", *, backward: Callable, setup_context: Callable, kernel: Optional[Callable] = None
-) -> Callable:
+class EagerPath(NamedTuple):
+    """An op's own eager training path, for ops that keep their own state between forward and backward (the one
+    hook; the usual path is the op's formula around its kernel). ``forward(ctx, *args)`` runs the kernels and
+    keeps what the backward needs on ``ctx``; ``backward(ctx, *grads)`` returns one gradient (or None) per
+    argument. ``applies(*args)``: whether a call may take it (else it runs the op); None: every call. E.g. the
+    losses keep the gradients their forward computed and scale them in place, tvd keeps 2-bit sign codes."""
+    forward: Callable
+    backward: Callable
+    applies: Optional[Callable] = None
+
+
+def define_autograd(op: "torch._ops.OpOverload", *, backward: Callable, setup_context: Callable,
+                    kernel: Optional[Callable] = None, eager: Optional[EagerPath] = None) -> Callable:
     """Register ``backward``/``setup_context`` as the op's autograd formula.
 
-    Returns the op's eager entry point: with ``kernel`` (the op's device launcher), a function that skips the
-    dispatcher in plain eager calls (see ``_eager_entry``); without, the op itself.
+    Returns the op's eager entry point: with ``kernel`` (the op's device launcher), ``define_entry``'s function
+    (the formula around the kernel in eager training calls, or ``eager``); without, the op itself.
     """
     formula_apply = _register_autograd(op, backward, setup_context, public=kernel is not None)
     if kernel is None:
         return op
-    return _eager_entry(op, serialized(kernel), backward, setup_context, formula_apply)
+    if eager is None:
+        eager = _formula_path(kernel, backward, setup_context)
+    return define_entry(op, kernel=kernel, eager=eager, formula_apply=formula_apply)
+
+
+def _formula_path(kernel: Callable, backward: Callable, setup_context: Callable) -> EagerPath:
+    """The op's formula as an eager path: the kernel, then ``setup_context``, then the formula's backward."""
+
+    def forward(ctx, *args):
+        output = kernel(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    return EagerPath(forward, backward)
 
 
 def _register_autograd(op, backward: Callable, setup_context: Callable, public: bool) -> Callable:
@@ -117,39 +150,29 @@ def _class_name(op, suffix: str) -> str:
     return "".join(part.title() for part in op._schema.name.split("::")[-1].split("_")) + suffix
 
 
-def _eager_entry(op, kernel: Callable, backward: Callable, setup_context: Callable,
-                 formula_apply: Callable) -> Callable:
-    """The quack-style eager bypass: the same kernels and autograd formula without the dispatcher's Python
-    round trips (a few µs per call instead of ~15). Taken only when ``eager_kernels_allowed`` says so; every other
-    call is the real op, except under torch.func transforms, which apply the op's formula (``_register_autograd``).
-    Call it with every schema argument positionally."""
-
-    def forward(ctx, *args):
-        output = kernel(*args)
-        setup_context(ctx, args, output)
-        return output
-
-    def backward_(ctx, *grads):
-        return backward(ctx, *grads)
-
-    # Built with type() so autograd's node is named after the op (e.g. GegluEagerBackward).
-    # Old-style forward(ctx, ...): measurably cheaper per call than forward + setup_context.
-    EagerAutograd = type(_class_name(op, "Eager"), (torch.autograd.Function,),
-                         {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
-    apply = EagerAutograd.apply
-    grad_enabled = torch.is_grad_enabled
+def define_entry(op: "torch._ops.OpOverload", *, kernel: Callable, eager: EagerPath,
+                 formula_apply: Optional[Callable] = None) -> Callable:
+    """The public function's entry: the quack-style eager bypass. A plain eager call (``_plain_call``) runs
+    ``kernel`` directly, or ``eager``'s autograd Function when an argument needs a gradient: the same kernels
+    without the dispatcher's Python round trips (a few µs per call instead of ~15). Every other call is the real
+    op, except under torch.func transforms, which apply the op's formula (``formula_apply``, see
+    ``_register_autograd``). Call it with every schema argument positionally."""
+    kernel = serialized(kernel)
+    # Built with type() so autograd's node is named after the op (e.g. GegluEagerBackward). Old-style
+    # forward(ctx, ...): measurably cheaper per call than forward + setup_context.
+    eager_function = type(_class_name(op, "Eager"), (torch.autograd.Function,),
+                          {"forward": staticmethod(serialized(eager.forward)),
+                           "backward": staticmethod(serialized(eager.backward))})
+    apply, applies = eager_function.apply, eager.applies
 
     def entry(*args):
-        if _context_needs_op():
-            return formula_apply(*args) if _functorch_active() else op(*args)
-        needs_grad = False
-        for arg in args:
-            if isinstance(arg, Tensor):
-                if not _is_plain(arg):
-                    return op(*args)
-                needs_grad = needs_grad or arg.requires_grad
-        if needs_grad and grad_enabled():
-            return apply(*args)
+        plain = _plain_call(args)
+        if plain is None:
+            if formula_apply is not None and _functorch_active():
+                return formula_apply(*args)
+            return op(*args)
+        if plain:  # an argument needs a gradient
+            return apply(*args) if applies is None or applies(*args) else op(*args)
         return kernel(*args)
 
     return entry
@@ -165,6 +188,7 @@ _tracing_state = torch._C._get_tracing_state  # torch.jit.trace
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # profilers, op counters, FakeTensorMode
 _function_modes = torch._C._len_torch_function_stack  # e.g. `with torch.device("meta")`
 _functorch_active = torch._C._are_functorch_transforms_active
+_grad_enabled = torch.is_grad_enabled
 
 
 def _context_needs_op() -> bool:
@@ -179,19 +203,29 @@ def _is_plain(t: torch.Tensor) -> bool:
             and not t.is_neg() and not t.is_conj())
 
 
-def eager_call_allowed(*tensors) -> bool:
-    """The rule above for code outside ``define_autograd`` that launches kernels directly (``None`` ignored)."""
+def _plain_call(args) -> Optional[bool]:
+    """None when the call must go through the op (the rule above, for every tensor in ``args``; ``None`` and
+    non-tensor arguments pass), else whether a gradient is needed (grad mode on, a tensor requiring grad)."""
     if _context_needs_op():
-        return False
-    return all(t is None or _is_plain(t) for t in tensors)
+        return None
+    needs_grad = False
+    for arg in args:
+        if isinstance(arg, Tensor):
+            if not _is_plain(arg):
+                return None
+            needs_grad = needs_grad or arg.requires_grad
+    return needs_grad and _grad_enabled()
+
+
+def eager_call_allowed(*tensors) -> bool:
+    """The rule above for code outside the entry points that launches kernels directly (``None`` ignored)."""
+    return _plain_call(tensors) is not None
 
 
 def eager_kernels_allowed(*tensors) -> bool:
     """Whether a backward formula may launch its kernels instead of calling its backward op: the rule above,
     and no tensor needing a graph (so that create_graph=True reaches the backward op's double-backward error)."""
-    if not eager_call_allowed(*tensors):
-        return False
-    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+    return _plain_call(tensors) is False
 
 
 def forbid_double_backward(op: "torch._ops.OpOverload", forward_name: str) -> None:
@@ -209,5 +243,5 @@ def forbid_double_backward(op: "torch._ops.OpOverload", forward_name: str) -> No
     define_autograd(op, backward=_backward, setup_context=_setup_context)
 
 
-__all__ = ["LIBRARY", "NAMESPACE", "call_op", "define_autograd", "define_composite", "define_op", "eager_call_allowed",
-           "eager_kernels_allowed", "forbid_double_backward"]
+__all__ = ["EagerPath", "LIBRARY", "NAMESPACE", "call_op", "define_autograd", "define_composite", "define_entry",
+           "define_op", "eager_call_allowed", "eager_kernels_allowed", "forbid_double_backward"]

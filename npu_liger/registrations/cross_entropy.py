@@ -9,11 +9,10 @@ from typing import Optional
 import torch
 
 from ..npu_ops.cross_entropy import check_cross_entropy_inputs, cross_entropy_forward
-from ._loss import check_computed, eager_plain, scale_in_place, scaled, take_grads, wants_grad
-from ._op import define_autograd, define_composite, define_op
-from ..npu_ops._triton import serialized  # noqa: E402
+from ._loss import check_computed, scale_in_place, scaled, sharded_rows_result, take_grads, wants_grad
+from ._op import EagerPath, define_autograd, define_composite, define_entry, define_op
+from ._sharding import sharding_rule
 
-cross_entropy_forward = serialized(cross_entropy_forward)  # called directly below: one CPU launch at a time
 
 __all__ = ["cross_entropy"]
 
@@ -66,20 +65,41 @@ cross_entropy_op = define_composite(
 )
 
 
-class CrossEntropyEager(torch.autograd.Function):
-    """Eager training calls: the forward's gradient is scaled in place by the backward (see ``_loss.py``)."""
+@sharding_rule(cross_entropy_op)
+def _cross_entropy_sharding(pl, *args):
+    """See ``_loss.sharded_rows_result``."""
+    rows = sharded_rows_result(pl, pl.arg("reduction"))
+    return [pl.case(pl.R)] + ([] if rows is None else [pl.case(rows, logits=pl.S(0), target=pl.S(0))])
 
-    @staticmethod
-    def forward(ctx, logits, target, ignore_index, reduction, label_smoothing, softcap, lse_square_scale):
-        loss, grad = cross_entropy_forward(logits, target, ignore_index, reduction, label_smoothing, softcap,
-                                           lse_square_scale, True)
-        ctx.grads, ctx.reduction = [grad], reduction
-        return loss
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (grad,) = take_grads(ctx, "cross_entropy")
-        return scale_in_place(grad, grad_loss, ctx.reduction), None, None, None, None, None, None
+@sharding_rule(cross_entropy_with_grad_op)
+def _cross_entropy_with_grad_sharding(pl, *args):
+    """(loss, grad): the gradient follows the rows."""
+    rows = sharded_rows_result(pl, pl.arg("reduction"))
+    cases = [pl.case([pl.R, pl.R])]
+    if rows is not None:
+        cases.append(pl.case([rows, pl.S(0)], logits=pl.S(0), target=pl.S(0)))
+    return cases
+
+
+def _loss_only(logits, target, *options):
+    return cross_entropy_forward(logits, target, *options, False)[0]
+
+
+def _eager_forward(ctx, logits, target, *options):
+    """Eager training calls: the forward keeps its gradient for the backward to scale in place (``_loss.py``)."""
+    loss, grad = cross_entropy_forward(logits, target, *options, True)
+    ctx.grads = [grad]
+    return loss
+
+
+def _eager_backward(ctx, grad_loss):
+    (grad,) = take_grads(ctx, "cross_entropy")
+    return scale_in_place(grad, grad_loss), None, None, None, None, None, None
+
+
+_cross_entropy_entry = define_entry(cross_entropy_op, kernel=_loss_only, eager=EagerPath(_eager_forward,
+                                                                                         _eager_backward))
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
@@ -94,10 +114,4 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     logits' dtype and is computed in the forward pass (one pass over the logits) when logits need it. A target
     outside [0, V) other than ignore_index is an error.
     """
-    if eager_plain(logits, target):
-        if wants_grad(logits):
-            return CrossEntropyEager.apply(logits, target, ignore_index, reduction, label_smoothing, softcap,
-                                           lse_square_scale)
-        return cross_entropy_forward(logits, target, ignore_index, reduction, label_smoothing, softcap,
-                                     lse_square_scale, False)[0]
-    return cross_entropy_op(logits, target, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
+    return _cross_entropy_entry(logits, target, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)

@@ -17,6 +17,7 @@ import torch
 from ..npu_ops.embedding import (check_embedding_backward_inputs, check_embedding_inputs, embedding_backward,
                                  embedding_forward)
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["embedding"]  # schema_padding_idx is shared with nn.Embedding and the HF patch, not public API
 
@@ -42,6 +43,25 @@ embedding_backward_op = define_op(
     kernel=embedding_backward,
     fake=_embedding_backward_fake,
 )
+
+
+@sharding_rule(embedding_op)
+def _embedding_sharding(p, weight, indices, padding_idx=-1):
+    """weight R with indices R -> R, or with indices S(d) -> S(d) (batch or sequence parallel); weight S(1) (the
+    embedding dim) with indices R -> S(last). Not vocab-parallel (weight S(0)): the kernel rejects indices outside
+    its rows, and masking them would also need a shifted padding_idx, so DTensor gathers the weight first."""
+    S = p.S
+    return ([p.case(p.R), p.case(S(indices.ndim), weight=S(1))]
+            + [p.case(S(d), indices=S(d)) for d in range(indices.ndim)])
+
+
+@sharding_rule(embedding_backward_op)
+def _embedding_backward_sharding(p, grad_out, indices, num_embeddings, padding_idx):
+    """R -> R; grad_out S(last) with indices R -> S(1); grad_out and indices S(d) on a token dim -> P (each rank
+    scatters its own tokens); grad_out P with indices R -> P."""
+    S = p.S
+    return ([p.case(p.R), p.case(p.P, grad_out=p.P), p.case(S(1), grad_out=S(indices.ndim))]
+            + [p.case(p.P, grad_out=S(d), indices=S(d)) for d in range(indices.ndim)])
 
 
 def _setup_context(ctx, inputs, output):

@@ -12,11 +12,9 @@ import torch
 
 from ..npu_ops.fused_linear_cross_entropy import (check_flce_inputs, fused_linear_cross_entropy_backward,
                                                    fused_linear_cross_entropy_forward)
-from ._loss import check_computed, eager_plain, scale_in_place, scaled, take_grads, wants_grad
-from ._op import define_autograd, define_composite, define_op, forbid_double_backward
-from ..npu_ops._triton import serialized  # noqa: E402
-
-fused_linear_cross_entropy_forward = serialized(fused_linear_cross_entropy_forward)  # called directly below: one CPU launch at a time
+from ._loss import check_computed, scale_in_place, scaled, sharded_rows_result, take_grads, wants_grad
+from ._op import EagerPath, define_autograd, define_composite, define_entry, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["fused_linear_cross_entropy"]
 
@@ -100,24 +98,53 @@ fused_linear_cross_entropy_op = define_composite(
 )
 
 
-class FusedLinearCrossEntropyEager(torch.autograd.Function):
-    """Eager training calls (sum and mean): the forward's gradients are scaled in place by the backward."""
+@sharding_rule(fused_linear_cross_entropy_op)
+def _flce_sharding(pl, *args):
+    """See ``_loss.sharded_rows_result``: x and target S(0), weight and bias R."""
+    rows = sharded_rows_result(pl, pl.arg("reduction"))
+    return [pl.case(pl.R)] + ([] if rows is None else [pl.case(rows, x=pl.S(0), target=pl.S(0))])
 
-    @staticmethod
-    def forward(ctx, x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale,
-                grad_x, grad_weight, grad_bias):
-        loss, *grads = fused_linear_cross_entropy_forward(x, weight, target, bias, ignore_index, reduction,
-                                                          label_smoothing, softcap, lse_square_scale, grad_x,
-                                                          grad_weight, grad_bias)
-        ctx.grads, ctx.reduction, ctx.flags = grads, reduction, (grad_x, grad_weight, grad_bias)
-        return loss
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grads = take_grads(ctx, _NAME)
-        gx, gw, gb = (scale_in_place(g, grad_loss, ctx.reduction) if flag else None
-                      for g, flag in zip(grads, ctx.flags))
-        return gx, gw, None, gb, None, None, None, None, None, None, None, None
+@sharding_rule(with_grad_op)
+def _flce_with_grad_sharding(pl, *args):
+    """(loss, grad_x, grad_weight, grad_bias): grad_x follows the rows, the parameter gradients are P."""
+    rows = sharded_rows_result(pl, pl.arg("reduction"))
+    cases = [pl.case([pl.R] * 4)]
+    if rows is not None:
+        cases.append(pl.case([rows, pl.S(0), pl.P, pl.P], x=pl.S(0), target=pl.S(0)))
+    return cases
+
+
+@sharding_rule(backward_op)
+def _flce_backward_sharding(pl, *args):
+    """``none``'s recomputing backward: rows independent, per-row incoming gradients."""
+    return [pl.case([pl.R] * 3), pl.case([pl.S(0), pl.P, pl.P], grad_loss=pl.S(0), x=pl.S(0), target=pl.S(0))]
+
+
+def _loss_only(x, weight, target, bias, *options):
+    return fused_linear_cross_entropy_forward(x, weight, target, bias, *options)[0]
+
+
+def _eager_forward(ctx, x, weight, target, bias, *options):
+    """Eager training calls (sum and mean): the forward keeps the gradients it computed for the backward to scale
+    in place (``_loss.py``)."""
+    ctx.flags = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+    loss, *ctx.grads = fused_linear_cross_entropy_forward(x, weight, target, bias, *options, *ctx.flags)
+    return loss
+
+
+def _eager_backward(ctx, grad_loss):
+    grads = take_grads(ctx, _NAME)
+    gx, gw, gb = (scale_in_place(g, grad_loss) if flag else None for g, flag in zip(grads, ctx.flags))
+    return gx, gw, None, gb, None, None, None, None, None
+
+
+def _reduced(x, weight, target, bias, ignore_index, reduction, *options) -> bool:
+    return reduction != "none"  # ``none`` scales each row before the weight gradient sums them: the op's backward
+
+
+_flce_entry = define_entry(fused_linear_cross_entropy_op, kernel=_loss_only,
+                           eager=EagerPath(_eager_forward, _eager_backward, applies=_reduced))
 
 
 def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -132,13 +159,4 @@ def fused_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
     divided by a count of your own (HF's ``num_items_in_batch`` under gradient accumulation) use
     ``reduction="sum"`` and divide the result.
     """
-    if eager_plain(x, weight, target, bias):
-        flags = (wants_grad(x), wants_grad(weight), wants_grad(bias))
-        if not any(flags):
-            return fused_linear_cross_entropy_forward(x, weight, target, bias, ignore_index, reduction,
-                                                      label_smoothing, softcap, lse_square_scale)[0]
-        if reduction != "none":
-            return FusedLinearCrossEntropyEager.apply(x, weight, target, bias, ignore_index, reduction,
-                                                      label_smoothing, softcap, lse_square_scale, *flags)
-    return fused_linear_cross_entropy_op(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap,
-                                         lse_square_scale)
+    return _flce_entry(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)

@@ -1,6 +1,7 @@
 """npu_liger::fused_linear_jsd (public, returns the loss) on top of npu_liger::fused_linear_jsd_with_grad (internal:
 the loss and, when asked, the student's grad_input / grad_weight from the same chunked pass): schema -> fake ->
-device kernels -> autograd. See ``_loss.py`` for how the gradients travel from the forward to the backward."""
+device kernels -> autograd -> sharding. See ``_loss.py`` for how the gradients travel from the forward to the
+backward."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ from typing import Optional
 
 import torch
 
-from ..npu_ops._triton import serialized
 from ..npu_ops.fused_linear_jsd import check_fused_linear_jsd_inputs, fused_linear_jsd_forward
-from ._loss import check_computed, eager_plain, scale_in_place, scaled, take_grads, wants_grad
-from ._op import define_autograd, define_composite, define_op
-
-fused_linear_jsd_forward = serialized(fused_linear_jsd_forward)  # called directly below: one CPU launch at a time
+from ._loss import check_computed, scale_in_place, scaled, take_grads, wants_grad
+from ._op import EagerPath, define_autograd, define_composite, define_entry, define_op
+from ._sharding import sharding_rule
 
 __all__ = ["fused_linear_jsd"]
 
@@ -70,23 +69,41 @@ fused_linear_jsd_op = define_composite(
 )
 
 
-class FusedLinearJsdEager(torch.autograd.Function):
-    """Eager training calls: the forward's gradients are scaled in place by the backward."""
+@sharding_rule(fused_linear_jsd_op)
+def _fused_linear_jsd_sharding(pl, *args):
+    """Replicated only: the log-softmax runs over the whole vocabulary (no vocabulary-parallel weights) and the
+    divisor counts the GLOBAL valid rows (no row sharding); sharded inputs are gathered first."""
+    return [pl.case(pl.R)]
 
-    @staticmethod
-    def forward(ctx, student_input, student_weight, teacher_input, teacher_weight, shift_labels, jsd_beta,
-                ignore_index, temperature, grad_input, grad_weight):
-        loss, *grads = fused_linear_jsd_forward(student_input, student_weight, teacher_input, teacher_weight,
-                                                shift_labels, jsd_beta, ignore_index, temperature, grad_input,
-                                                grad_weight)
-        ctx.grads, ctx.flags = grads, (grad_input, grad_weight)
-        return loss
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grads = take_grads(ctx, _NAME)
-        gx, gw = (scale_in_place(g, grad_loss, "mean") if flag else None for g, flag in zip(grads, ctx.flags))
-        return gx, gw, None, None, None, None, None, None, None, None
+@sharding_rule(with_grad_op)
+def _fused_linear_jsd_with_grad_sharding(pl, *args):
+    return [pl.case([pl.R] * 3)]
+
+
+def _loss_only(*args):
+    return fused_linear_jsd_forward(*args)[0]
+
+
+def _eager_forward(ctx, student_input, student_weight, *args):
+    """Eager training calls: the forward keeps the student's gradients for the backward to scale in place."""
+    ctx.flags = (student_input.requires_grad, student_weight.requires_grad)
+    loss, *ctx.grads = fused_linear_jsd_forward(student_input, student_weight, *args, *ctx.flags)
+    return loss
+
+
+def _eager_backward(ctx, grad_loss):
+    grads = take_grads(ctx, _NAME)
+    gx, gw = (scale_in_place(g, grad_loss) if flag else None for g, flag in zip(grads, ctx.flags))
+    return gx, gw, None, None, None, None, None, None
+
+
+def _student_needs_grad(student_input, student_weight, *args) -> bool:
+    return student_input.requires_grad or student_weight.requires_grad  # else the op: the teacher gets None
+
+
+_fused_linear_jsd_entry = define_entry(fused_linear_jsd_op, kernel=_loss_only,
+                                       eager=EagerPath(_eager_forward, _eager_backward, applies=_student_needs_grad))
 
 
 def fused_linear_jsd(student_input: torch.Tensor, student_weight: torch.Tensor, teacher_input: torch.Tensor,
@@ -100,12 +117,5 @@ def fused_linear_jsd(student_input: torch.Tensor, student_weight: torch.Tensor, 
     The loss is float32. Gradients for student_input and student_weight, in their dtype, are computed chunk by
     chunk in the forward pass (those that are needed); the teacher gets none.
     """
-    if eager_plain(student_input, student_weight, teacher_input, teacher_weight, shift_labels):
-        flags = (wants_grad(student_input), wants_grad(student_weight))
-        if any(flags):
-            return FusedLinearJsdEager.apply(student_input, student_weight, teacher_input, teacher_weight,
-                                             shift_labels, jsd_beta, ignore_index, temperature, *flags)
-        return fused_linear_jsd_forward(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
-                                        jsd_beta, ignore_index, temperature)[0]
-    return fused_linear_jsd_op(student_input, student_weight, teacher_input, teacher_weight, shift_labels, jsd_beta,
-                               ignore_index, temperature)
+    return _fused_linear_jsd_entry(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
+                                   jsd_beta, ignore_index, temperature)

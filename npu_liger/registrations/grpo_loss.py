@@ -1,6 +1,6 @@
 """npu_liger::grpo_loss (public: the loss and the statistics TRL logs) on top of npu_liger::grpo_loss_with_grad
 (internal: the same and, when asked, the gradient w.r.t. logits from the same pass): schema -> fake -> device
-kernels -> autograd. See ``_loss.py`` for how the gradient travels from the forward to the backward."""
+kernels -> autograd -> sharding. See ``_loss.py`` for how the gradient travels from the forward to the backward."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..npu_ops._triton import serialized
 from ..npu_ops.grpo_loss import check_grpo_inputs, grpo_loss_forward
-from ._loss import check_computed, eager_plain, scale_in_place, scaled, take_grads, wants_grad
-from ._op import define_autograd, define_composite, define_op
-
-grpo_loss_forward = serialized(grpo_loss_forward)  # called directly below: one CPU launch at a time
+from ._loss import check_computed, scale_in_place, scaled, take_grads, wants_grad
+from ._op import EagerPath, define_autograd, define_composite, define_entry, define_op
+from ._sharding import sharding_rule
 
 __all__ = ["grpo_loss"]
 
@@ -71,20 +69,41 @@ def _composite(logits, completion_ids, advantages, completion_mask=None, old_log
 grpo_loss_op = define_composite(f"grpo_loss({_ARGS.format(**_DEFAULTS)}) -> {_OUTPUTS})", _composite)
 
 
-class GrpoLossEager(torch.autograd.Function):
-    """Eager training calls: the forward's gradient is scaled in place by the backward (see ``_loss.py``)."""
+@sharding_rule(grpo_loss_op)
+def _grpo_loss_sharding(pl, *args):
+    """Replicated only: every loss type's divisor and clip_ratio count the whole batch (sequences, tokens or B);
+    sharded inputs are gathered first."""
+    return [pl.case([pl.R] * 4)]
 
-    @staticmethod
-    def forward(ctx, *args):
-        loss, kl, clipped, clip_ratio, grad = grpo_loss_forward(*args, True)
-        ctx.grads = [grad]
-        ctx.mark_non_differentiable(kl, clipped, clip_ratio)
-        return loss, kl, clipped, clip_ratio
 
-    @staticmethod
-    def backward(ctx, grad_loss, *_):
-        (grad,) = take_grads(ctx, "grpo_loss")
-        return (scale_in_place(grad, grad_loss, "mean"),) + (None,) * 12
+@sharding_rule(with_grad_op)
+def _grpo_loss_with_grad_sharding(pl, *args):
+    return [pl.case([pl.R] * 5)]
+
+
+def _statistics(*args):
+    return grpo_loss_forward(*args)[:4]
+
+
+def _eager_forward(ctx, *args):
+    """Eager training calls: the forward keeps its gradient for the backward to scale in place (``_loss.py``)."""
+    loss, kl, clipped, clip_ratio, grad = grpo_loss_forward(*args, True)
+    ctx.grads = [grad]
+    ctx.mark_non_differentiable(kl, clipped, clip_ratio)
+    return loss, kl, clipped, clip_ratio
+
+
+def _eager_backward(ctx, grad_loss, *_):
+    (grad,) = take_grads(ctx, "grpo_loss")
+    return (scale_in_place(grad, grad_loss),) + (None,) * 12
+
+
+def _logits_need_grad(logits, *args) -> bool:
+    return logits.requires_grad  # the other inputs are constants (TRL detaches them): the op, which gives None
+
+
+_grpo_loss_entry = define_entry(grpo_loss_op, kernel=_statistics,
+                                eager=EagerPath(_eager_forward, _eager_backward, applies=_logits_need_grad))
 
 
 def grpo_loss(logits: torch.Tensor, completion_ids: torch.Tensor, advantages: torch.Tensor,
@@ -99,20 +118,16 @@ def grpo_loss(logits: torch.Tensor, completion_ids: torch.Tensor, advantages: to
 
     Per token: the importance ratio ``exp(logp - old_logp)`` (1 without old_logp), clipped to ``[1 - eps_low,
     1 + eps_high]`` PPO-style against the sequence's advantage, plus ``beta`` times the k3 KL estimate to
-    ``ref_logp`` (required when beta != 0; beta defaults to TRL's 0.0, ``npu_liger.nn.GRPOLoss`` to Liger's 0.04); logp is the log-softmax of ``logits / temperature`` at the completion
-    id. ``loss_type``: ``"grpo"`` (per-sequence token mean, then the batch mean), ``"bnpo"`` (token mean over the
-    batch), ``"dr_grpo"`` (sum / (B * max_completion_length), default L) or ``"dapo"`` (sum / num_items_in_batch:
-    TRL's global token count divided by the number of processes; the batch's token count without it). Tokens
+    ``ref_logp`` (required when beta != 0; beta defaults to TRL's 0.0, ``npu_liger.nn.GRPOLoss``'s to Liger's
+    0.04); logp is the log-softmax of ``logits / temperature`` at the completion id. ``loss_type``: ``"grpo"``
+    (per-sequence token mean, then the batch mean), ``"bnpo"`` (token mean over the batch), ``"dr_grpo"`` (sum /
+    (B * max_completion_length), default L) or ``"dapo"`` (sum / num_items_in_batch: TRL's global token count
+    divided by the number of processes; the batch's token count without it). Tokens
     whose ``completion_mask`` is 0 count for nothing. The loss (fp32) is differentiable w.r.t. logits (the gradient
     is computed in the forward pass when logits need it); per_token_kl (B, L), is_clipped (B, L, 0./1.) and
     clip_ratio (their masked mean) are statistics to log, without gradient. Nothing synchronises the host.
     """
     if num_items_in_batch is not None and not isinstance(num_items_in_batch, torch.Tensor):
         num_items_in_batch = torch.tensor(float(num_items_in_batch), device=logits.device)
-    args = (logits, completion_ids, advantages, completion_mask, old_logp, ref_logp, temperature, beta, eps_low,
-            eps_high, loss_type, max_completion_length, num_items_in_batch)
-    if eager_plain(logits, completion_ids, advantages, completion_mask, old_logp, ref_logp, num_items_in_batch):
-        if wants_grad(logits):
-            return GrpoLossEager.apply(*args)
-        return grpo_loss_forward(*args)[:4]
-    return grpo_loss_op(*args)
+    return _grpo_loss_entry(logits, completion_ids, advantages, completion_mask, old_logp, ref_logp, temperature,
+                            beta, eps_low, eps_high, loss_type, max_completion_length, num_items_in_batch)

@@ -1,12 +1,14 @@
-"""npu_liger::kl_div and npu_liger::kl_div_backward: schema -> fake -> device kernels -> autograd."""
+"""npu_liger::kl_div and npu_liger::kl_div_backward: schema -> fake -> device kernels -> autograd -> sharding."""
 
 from __future__ import annotations
 
 import torch
 
-from ..npu_ops.kl_div import check_kl_div_grad, check_kl_div_inputs, kl_div_backward, kl_div_forward, loss_dtype
+from ..npu_ops.kl_div import (check_kl_div_grad, check_kl_div_inputs, kl_div_backward, kl_div_forward, loss_dtype,
+                              trusted_kl_div_backward)
 from ._loss import saveable
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 __all__ = ["kl_div"]
 
@@ -35,6 +37,7 @@ kl_div_backward_op = define_op(
     "bool grad_pred, bool grad_true) -> (Tensor, Tensor)",
     kernel=kl_div_backward,
     fake=_kl_div_backward_fake,
+    trusted_kernel=trusted_kl_div_backward,
 )
 
 
@@ -53,6 +56,35 @@ def _backward(ctx, grad_out):
 
 _kl_div_entry = define_autograd(kl_div_op, backward=_backward, setup_context=_setup_context, kernel=kl_div_forward)
 forbid_double_backward(kl_div_backward_op, "kl_div")
+
+
+def _exact_layouts(pl, reduction):
+    """(input placement, loss placement) pairs exact for this reduction, as tvd's without labels: elementwise
+    terms, so rows S(0) or vocab S(1) for ``none``; either -> P for ``sum``; ``batchmean`` divides by the GLOBAL
+    row count, which every rank sees only with vocab sharding; ``mean`` (rows x V) neither."""
+    rows, vocab = pl.S(0), pl.S(1)
+    return {"none": [(rows, rows), (vocab, vocab)], "sum": [(rows, pl.P), (vocab, pl.P)],
+            "batchmean": [(vocab, pl.P)]}.get(reduction, [])
+
+
+@sharding_rule(kl_div_op)
+def _kl_div_sharding(pl, *args):
+    return [pl.case(pl.R)] + [pl.case(out, y_pred=pt, y_true=pt) for pt, out in _exact_layouts(pl, pl.arg("reduction"))]
+
+
+@sharding_rule(kl_div_backward_op)
+def _kl_div_backward_sharding(pl, *args):
+    """Mirrors the forward (grad_out R for the scalar reductions), or grad_out P with the inputs R (linear in it);
+    a gradient not asked for is an empty (0,) tensor, replicated."""
+    reduction = pl.arg("reduction")
+
+    def grads(placement):
+        return [placement if pl.arg("grad_pred") else pl.R, placement if pl.arg("grad_true") else pl.R]
+
+    cases = [pl.case(grads(pl.R)), pl.case(grads(pl.P), grad_out=pl.P)]
+    for pt, _ in _exact_layouts(pl, reduction):
+        cases.append(pl.case(grads(pt), grad_out=pt if reduction == "none" else pl.R, y_pred=pt, y_true=pt))
+    return cases
 
 
 def kl_div(y_pred: torch.Tensor, y_true: torch.Tensor, reduction: str = "batchmean", log_target: bool = False,

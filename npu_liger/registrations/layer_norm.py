@@ -9,6 +9,7 @@ import torch
 from ..npu_ops._norm import check_grad
 from ..npu_ops.layer_norm import check_layer_norm_inputs, layer_norm_backward, layer_norm_forward
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 
 __all__ = ["layer_norm"]
@@ -34,6 +35,22 @@ layer_norm_backward_op = define_op(
     "layer_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, float eps)"
     " -> (Tensor, Tensor, Tensor)",
     kernel=layer_norm_backward, fake=_layer_norm_backward_fake)
+
+
+@sharding_rule(layer_norm_op)
+def _layer_norm_sharding(p, x, *params):
+    """Rows may be sharded, the normalised (last) dim may not: x S(d) for d < ndim - 1 with the parameters R ->
+    S(d); all R -> R."""
+    return [p.case(p.R)] + [p.case(p.S(d), x=p.S(d)) for d in range(x.ndim - 1)]
+
+
+@sharding_rule(layer_norm_backward_op)
+def _layer_norm_backward_sharding(p, grad_out, x, *params):
+    """grad and x S(d) on a row dim -> grad_x S(d), the parameter gradients P (each rank sums its own rows); all R
+    -> R; grad P with x R -> P throughout (linear in the incoming gradient)."""
+    S, P = p.S, p.P
+    return ([p.case([p.R] * 3), p.case([P] * 3, grad_out=P)]
+            + [p.case([S(d), P, P], grad_out=S(d), x=S(d)) for d in range(x.ndim - 1)])
 
 
 def _setup_context(ctx, inputs, output):

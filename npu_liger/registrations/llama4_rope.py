@@ -16,7 +16,7 @@ __all__ = ["llama4_rope"]
 llama4_rope_op, llama4_rope_backward_op, _llama4_rope_entry = define_rotary_op(
     "llama4_rope", "Tensor freqs_cis", forward=llama4_rope_forward, backward=llama4_rope_backward,
     launch_backward=functools.partial(launch_llama4, backward=True), check=check_llama4_inputs,
-    new_output=new_llama4_output,
+    new_output=new_llama4_output, qk_dims=(0, 2, 1), table_batch_dim=0,
 )
 
 

@@ -16,7 +16,7 @@ __all__ = ["qwen2vl_mrope"]
 qwen2vl_mrope_op, qwen2vl_mrope_backward_op, _qwen2vl_mrope_entry = define_rotary_op(
     "qwen2vl_mrope", "Tensor cos, Tensor sin, int[] mrope_section", forward=qwen2vl_mrope_forward,
     backward=qwen2vl_mrope_backward, launch_backward=functools.partial(launch_mrope, backward=True),
-    check=check_mrope_inputs, new_output=new_rope_output,
+    check=check_mrope_inputs, new_output=new_rope_output, qk_dims=(0, 1, 2), table_batch_dim=1,
 )
 
 

@@ -10,35 +10,33 @@ import torch
 from ..npu_ops.rms_norm import (check_fused_add_rms_norm_backward_inputs, check_rms_norm_grad,
                                 check_rms_norm_inputs, fused_add_rms_norm_backward, fused_add_rms_norm_forward,
                                 rms_norm_backward, rms_norm_forward, rms_norm_output_dtype)
+from ..npu_ops._triton import new_like
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
+from ._sharding import sharding_rule
 
 
 __all__ = ["rms_norm", "fused_add_rms_norm"]
 
 
-def _new_like(x, dtype=None):
-    return torch.empty(x.shape, dtype=x.dtype if dtype is None else dtype, device=x.device)
-
-
 def _rms_norm_fake(x, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
     check_rms_norm_inputs(x, weight, eps, offset, casting_mode)
-    return _new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode))
+    return new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode))
 
 
 def _rms_norm_backward_fake(grad_out, x, weight, eps, offset, casting_mode):
     check_rms_norm_inputs(x, weight, eps, offset, casting_mode)
     check_rms_norm_grad("grad_out", grad_out, x, weight, casting_mode)
-    return _new_like(x), _new_like(weight)
+    return new_like(x), new_like(weight)
 
 
 def _fused_add_rms_norm_fake(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama"):
     check_rms_norm_inputs(x, weight, eps, offset, casting_mode, residual)
-    return _new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode)), _new_like(x)
+    return new_like(x, rms_norm_output_dtype(x.dtype, weight.dtype, casting_mode)), new_like(x)
 
 
 def _fused_add_rms_norm_backward_fake(grad_normed, grad_sum, s, weight, eps, offset, casting_mode):
     check_fused_add_rms_norm_backward_inputs(grad_normed, grad_sum, s, weight, eps, offset, casting_mode)
-    return _new_like(s), _new_like(weight)
+    return new_like(s), new_like(weight)
 
 
 _ARGS = 'float eps=1e-06, float offset=0.0, str casting_mode="llama"'
@@ -55,6 +53,34 @@ fused_add_rms_norm_backward_op = define_op(
     "fused_add_rms_norm_backward(Tensor grad_normed, Tensor? grad_sum, Tensor s, Tensor weight, float eps,"
     " float offset, str casting_mode) -> (Tensor, Tensor)",
     kernel=fused_add_rms_norm_backward, fake=_fused_add_rms_norm_backward_fake)
+
+
+# Rows may be sharded, the normalised (last) dim may not: x (and residual) S(d) for d < ndim - 1 with the weight R
+# -> S(d); all R -> R. Backward: grad and x S(d) -> grad_x S(d), grad_weight P (each rank sums its own rows); all R
+# -> R; the incoming gradients P with x R -> P throughout (linear in them).
+@sharding_rule(rms_norm_op)
+def _rms_norm_sharding(p, x, *args):
+    return [p.case(p.R)] + [p.case(p.S(d), x=p.S(d)) for d in range(x.ndim - 1)]
+
+
+@sharding_rule(rms_norm_backward_op)
+def _rms_norm_backward_sharding(p, grad_out, x, *args):
+    S, P = p.S, p.P
+    return ([p.case([p.R, p.R]), p.case([P, P], grad_out=P)]
+            + [p.case([S(d), P], grad_out=S(d), x=S(d)) for d in range(x.ndim - 1)])
+
+
+@sharding_rule(fused_add_rms_norm_op)
+def _fused_add_rms_norm_sharding(p, x, *args):
+    S = p.S
+    return [p.case([p.R, p.R])] + [p.case([S(d), S(d)], x=S(d), residual=S(d)) for d in range(x.ndim - 1)]
+
+
+@sharding_rule(fused_add_rms_norm_backward_op)
+def _fused_add_rms_norm_backward_sharding(p, grad_normed, grad_sum, s, *args):
+    S, P = p.S, p.P
+    return ([p.case([p.R, p.R]), p.case([P, P], grad_normed=P, grad_sum=P)]
+            + [p.case([S(d), P], grad_normed=S(d), grad_sum=S(d), s=S(d)) for d in range(s.ndim - 1)])
 
 
 def _setup_context(ctx, inputs, output):

@@ -16,7 +16,7 @@ __all__ = ["rope"]
 rope_op, rope_backward_op, _rope_entry = define_rotary_op(
     "rope", "Tensor cos, Tensor sin", forward=rope_forward, backward=rope_backward,
     launch_backward=functools.partial(launch_half_split, backward=True), check=check_rope_inputs,
-    new_output=new_rope_output,
+    new_output=new_rope_output, qk_dims=(0, 1, 2), table_batch_dim=0,
 )
 
 

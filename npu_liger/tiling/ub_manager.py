@@ -197,7 +197,8 @@ def compute_default_tiling_strategy(
 ) -> Optional[Tuple[Tuple[int, ...], ...]]:
     """Tiled shapes with the structure of ``shapes``: tiled dims -> ``min(next_pow2(dim), max_safe)``,
     the other dims padded to the next power of two. ``None`` when shapes/tiling_dims are empty or their
-    lengths differ. ``ub_manager`` (an npu-liger extension of the specification) describes a chip other than the attached one.
+    lengths differ. ``ub_manager`` (an npu-liger extension of the specification) describes a chip other than the
+    attached one.
     """
     manager = ub_manager if ub_manager is not None else get_ub_manager()
     if not shapes or not tiling_dims or len(shapes) != len(tiling_dims):

@@ -15,6 +15,15 @@ never needs them (Liger's ``skip_logits``). ``skip_logits=False`` in the call as
 forward then runs unchanged. Eval mode, calls without labels, and models whose ``loss_function`` is not
 ``ForCausalLMLoss`` also run the original forward.
 
+Reading ``lm_head.weight`` is ``lm_head(hidden)`` only for a plain ``nn.Linear`` that no hook observes
+(``nn._gated_mlp.plain_linear``), decided at every call: an lm_head wrapped after patching (PEFT's LoRA, a
+subclass, a forward hook, an ``nn.Sequential``) is called instead, its logits (softcapped as HF does) go to
+``npu_liger.cross_entropy`` in float32 with the same reduction, and the output carries them.
+
+``return_dict``: as transformers' ``can_return_tuple`` decides (the call's ``return_dict``, else
+``config.return_dict``). A tuple runs the original forward: without logits, ``to_tuple()`` would move every later
+field up one place (``loss, logits = out[:2]`` would silently get the cache).
+
 Only forwards whose source has the shape above are patched (a transformers release that changed it is left
 alone, with a warning).
 """
@@ -25,12 +34,13 @@ import functools
 import inspect
 import re
 import warnings
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn._gated_mlp import plain_linear
 from . import _patching
 from .families import FAMILIES, FAMILY_BY_MODULE
 from .modules import _patch_forward, patched_function
@@ -51,7 +61,8 @@ CAUSAL_LM_CLASSES = {
 }
 # Fragments (whitespace removed) the original forward must contain for the patched one to be equivalent.
 # (A tuple: any one of its forms; transformers 5.17 slices inline, 5.24 through slice_logits_to_keep.)
-_REQUIRED = ("=self.model(",
+# can_return_tuple: the patched forward reproduces its return_dict rule (_return_dict).
+_REQUIRED = ("@can_return_tuple", "=self.model(",
              ("hidden_states=slice_logits_to_keep(hidden_states,logits_to_keep)",
               "slice_indices=slice(-logits_to_keep,None)ifisinstance(logits_to_keep,int)elselogits_to_keep"),
              ("logits=self.lm_head(hidden_states)", "logits=self.lm_head(hidden_states[:,slice_indices,:])"),
@@ -86,7 +97,8 @@ def _plan(cls: type) -> Optional[_Plan]:
         return _unknown(cls, "no source to check")
     signature = inspect.signature(forward)
     forwarded = [p for p in signature.parameters if p not in _NOT_FORWARDED]
-    missing = [f for f in _REQUIRED if not any(form in source for form in (f if isinstance(f, tuple) else (f,)))] + [f"{p}={p}" for p in forwarded if f"{p}={p}" not in source]
+    missing = [f for f in _REQUIRED if not any(form in source for form in (f if isinstance(f, tuple) else (f,)))]
+    missing += [f"{p}={p}" for p in forwarded if f"{p}={p}" not in source]
     softcap = "final_logit_softcapping" in source
     if softcap:
         missing += [f for f in _SOFTCAP if f not in source]
@@ -109,27 +121,56 @@ def _is_causal_lm_loss(model: nn.Module) -> bool:
     return model.loss_function is ForCausalLMLoss
 
 
-def causal_lm_loss(hidden: torch.Tensor, lm_head: nn.Linear, labels: torch.Tensor, softcap: Optional[float],
+def causal_lm_loss(hidden: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor, softcap: Optional[float],
                    num_items_in_batch=None, ignore_index: int = -100,
                    shift_labels: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """HF's ``ForCausalLMLoss(lm_head(hidden), labels, ...)`` (softcapped logits for Gemma-2/3) without the
-    logits: ``fused_linear_cross_entropy`` over the flattened tokens."""
+    """HF's ``ForCausalLMLoss(lm_head(hidden), labels, ...)`` (softcapped logits for Gemma-2/3): without the
+    logits through ``fused_linear_cross_entropy`` where ``lm_head`` is a plain ``nn.Linear``, else from
+    ``lm_head``'s own logits (``causal_lm_loss_and_logits``)."""
+    return causal_lm_loss_and_logits(hidden, lm_head, labels, softcap, num_items_in_batch, ignore_index,
+                                     shift_labels)[0]
+
+
+def causal_lm_loss_and_logits(hidden: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor,
+                              softcap: Optional[float], num_items_in_batch=None, ignore_index: int = -100,
+                              shift_labels: Optional[torch.Tensor] = None
+                              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(loss, logits)``: logits None when the fused loss ran. The choice is made per call: a hook or a wrapper
+    (LoRA) may have been added to lm_head since the model was patched."""
     import npu_liger
 
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    x = hidden.reshape(-1, hidden.shape[-1])
-    weight, bias = lm_head.weight, lm_head.bias
-    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else weight.dtype
-    x, weight = x.to(dtype), weight.to(dtype)  # what lm_head's matmul would compute in
-    bias = None if bias is None else bias.to(dtype)
-    target = shift_labels.reshape(-1).to(x.device)
+    reduction = "mean" if num_items_in_batch is None else "sum"
+    if plain_linear(lm_head):
+        x = hidden.reshape(-1, hidden.shape[-1])
+        weight, bias = lm_head.weight, lm_head.bias
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else weight.dtype
+        x, weight = x.to(dtype), weight.to(dtype)  # what lm_head's matmul would compute in
+        bias = None if bias is None else bias.to(dtype)
+        target = shift_labels.reshape(-1).to(x.device)
+        logits = None
+        loss = npu_liger.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, 0.0, softcap)
+    else:
+        logits = lm_head(hidden)
+        if softcap is not None:  # the original forward's three steps, so the returned logits are its own
+            logits = logits / softcap
+            logits = torch.tanh(logits)
+            logits = logits * softcap
+        flat = logits.float().reshape(-1, logits.shape[-1])  # ForCausalLMLoss upcasts before the loss
+        target = shift_labels.reshape(-1).to(flat.device)
+        loss = npu_liger.cross_entropy(flat, target, ignore_index, reduction)
     if num_items_in_batch is None:
-        return npu_liger.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, "mean", 0.0, softcap)
+        return loss, logits
     if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(x.device)
-    loss = npu_liger.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, "sum", 0.0, softcap)
-    return loss / num_items_in_batch
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch, logits
+
+
+def _return_dict(model: nn.Module, passed: Optional[bool]) -> bool:
+    """transformers' ``can_return_tuple`` rule, which wraps every patched forward: the call's ``return_dict``
+    unless None, else ``config.return_dict``."""
+    return model.config.return_dict if passed is None else passed
 
 
 _PLANS = {}  # class -> _Plan, filled when an instance is patched (the forward only looks it up: compile-friendly)
@@ -149,18 +190,21 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     """The patched ``*ForCausalLM.forward``: see the module docstring. Arguments after input_ids are taken by
     keyword (as the Trainer and generate pass them); positional ones go to the original forward."""
     labels = kwargs.get("labels")
-    if args or not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self):
+    if (args or not (self.training and labels is not None) or skip_logits is False or not _is_causal_lm_loss(self)
+            or not _return_dict(self, kwargs.get("return_dict"))):
         return type(self).forward(self, input_ids, *args, **kwargs)
     plan = _plan_of(type(self))
-    model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep")}
+    model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep", "return_dict")}
+    if not self.config.return_dict:  # the inner model would return a tuple too; its fields are wanted by name
+        model_kwargs["return_dict"] = True
     outputs = self.model(input_ids=input_ids, **model_kwargs)
     hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
     hidden = _keep_positions(hidden, kwargs.get("logits_to_keep", 0))
     softcap = self.config.final_logit_softcapping if plan.softcap else None
-    loss = causal_lm_loss(hidden, self.lm_head, labels, softcap, kwargs.get("num_items_in_batch"),
-                          kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))
+    loss, logits = causal_lm_loss_and_logits(hidden, self.lm_head, labels, softcap, kwargs.get("num_items_in_batch"),
+                                             kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))
     rest = {f: getattr(outputs, f, None) for f in plan.fields}
-    return plan.output_cls(loss=loss, logits=None, **rest)
+    return plan.output_cls(loss=loss, logits=logits, **rest)
 
 
 def _causal_lm_classes(family) -> tuple:
@@ -173,7 +217,7 @@ def patch_causal_lm_loss(module: nn.Module) -> bool:
     if family is None or type(module).__name__ not in _causal_lm_classes(family):
         return False
     plan = _plan(type(module))
-    if plan is None or not isinstance(getattr(module, "lm_head", None), nn.Linear):
+    if plan is None:
         return False
     if plan.forwarded[0] != "input_ids":
         _unknown(type(module), "input_ids is not its first argument")
@@ -223,4 +267,4 @@ def unhook_family_losses(name: str) -> None:
             _patching.restore_attr(cls, "__init__")
 
 
-__all__ = ["causal_lm_loss", "patch_losses", "loss_patched", "CAUSAL_LM_CLASSES"]
+__all__ = ["causal_lm_loss", "causal_lm_loss_and_logits", "patch_losses", "loss_patched", "CAUSAL_LM_CLASSES"]

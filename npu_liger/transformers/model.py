@@ -69,8 +69,9 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
       runs ``npu_liger.rms_norm`` with the casting mode that reproduces it (Gemma: offset 1, gemma casting), and
       every ``torch.nn.LayerNorm`` in the model (vision towers) runs ``npu_liger.layer_norm``. Per instance.
     - ``loss``: causal LMs compute the training loss (training mode, labels given) with
-      ``npu_liger.fused_linear_cross_entropy``, without logits (``skip_logits=False`` in a call asks for them);
-      see ``loss.py``. Per instance.
+      ``npu_liger.fused_linear_cross_entropy``, without logits (``skip_logits=False`` in a call asks for them),
+      while ``lm_head`` is a plain ``nn.Linear`` without hooks (else, checked per call: ``lm_head``'s own logits
+      and ``npu_liger.cross_entropy``); see ``loss.py``. Per instance.
 
     Patching twice is harmless; ``unpatch(model)`` undoes it.
     """

@@ -54,7 +54,8 @@ def _gated_op_name(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
 # What the patched forwards replace, as transformers writes it (whitespace removed). A class whose forward no
 # longer contains its pattern (a transformers release that changed the computation) is left alone with a
 # warning rather than silently given different semantics.
-_MLP_PATTERNS = ("self.act_fn(self.gate_proj(x))*self.up_proj(x)", "self.activation_fn(self.gate_proj(x))*self.up_proj(x)")
+_MLP_PATTERNS = ("self.act_fn(self.gate_proj(x))*self.up_proj(x)",
+                 "self.activation_fn(self.gate_proj(x))*self.up_proj(x)")
 _EXPERTS_PATTERNS = ("torch.bmm(hidden_states,self.gate_up_proj)", "up*self.act_fn(gate)", "self.down_proj)")
 
 
@@ -163,8 +164,8 @@ def patch_embedding(module: Optional[nn.Module]) -> bool:
         isinstance(getattr(module, "embed_scale", None), torch.Tensor)
     if not (plain or scaled) or module.max_norm is not None or module.sparse \
             or module.scale_grad_by_freq:
-        warnings.warn(f"npu_liger: input embedding {name} (max_norm, sparse, scale_grad_by_freq or an unknown subclass) is left "
-                      "unpatched", stacklevel=3)
+        warnings.warn(f"npu_liger: input embedding {name} (max_norm, sparse, scale_grad_by_freq or an unknown "
+                      "subclass) is left unpatched", stacklevel=3)
         return False
     _patch_forward(module, _scaled_embedding_forward if scaled else _embedding_forward)
     return True

@@ -17,9 +17,10 @@ Llama-4 ``apply_rotary_emb``                   ``apply_rotary_emb``             
 ``unsqueeze_dim``: transformers unsqueezes cos/sin at dim 1 for q/k laid out (bsz, heads, seq, head_dim)
 and at dim 2 for (bsz, seq, heads, head_dim). The ops take the first layout; for ``unsqueeze_dim=2`` the
 drop-ins hand the op transposed views (no copy) and transpose the results back, so callers get the layout
-they passed. Inputs the ops do not cover (other ranks or unsqueeze dims, mixed dtypes) take an eager PyTorch
-path with the same semantics; that choice depends only on shapes and dtypes, so it is fixed at trace time
-under ``torch.compile``.
+they passed. Inputs the ops do not cover (other ranks or unsqueeze dims; dtypes the ops refuse: float64, or
+mixed) take an eager PyTorch path that is transformers' computation op for op (so a float64 model of a patched
+family, which the module-wide patch reaches too, gets transformers' result); that choice depends only on
+shapes and dtypes, so it is fixed at trace time under ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Sequence, Tuple
 import torch
 
 import npu_liger  # the functional API: eager fast path, the registered op under compile/dispatch modes
+
+from ..npu_ops._triton import SUPPORTED_DTYPES
 
 Pair = Tuple[torch.Tensor, torch.Tensor]
 
@@ -47,8 +50,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((x_rot * cos + _rotate_half(x_rot) * sin, x_pass), dim=-1)
 
 
-def _same_dtype(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == tensors[0].dtype for t in tensors)
+def _op_dtypes(*tensors: torch.Tensor) -> bool:
+    """One dtype throughout, and one the ops compute (fp32/fp16/bf16): dtypes only, never data."""
+    return tensors[0].dtype in SUPPORTED_DTYPES and all(t.dtype == tensors[0].dtype for t in tensors)
 
 
 def _head_layout(q: torch.Tensor, unsqueeze_dim: int):
@@ -69,7 +73,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if isinstance(position_ids, int) and not isinstance(position_ids, bool):
         unsqueeze_dim = position_ids
     layout = _head_layout(q, unsqueeze_dim)
-    if layout is None or k.dim() != 4 or cos.dim() not in (2, 3) or not _same_dtype(q, k, cos, sin):
+    if layout is None or k.dim() != 4 or cos.dim() not in (2, 3) or not _op_dtypes(q, k, cos, sin):
         c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         return _rotate(q, c, s), _rotate(k, c, s)
     if layout == 1:
@@ -90,7 +94,7 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
     cos/sin (3, bsz, seq, head_dim) hold the temporal, height and width tables."""
     section = [int(s) for s in mrope_section]
     layout = _head_layout(q, unsqueeze_dim)
-    if layout is None or k.dim() != 4 or cos.dim() != 4 or not _same_dtype(q, k, cos, sin):
+    if layout is None or k.dim() != 4 or cos.dim() != 4 or not _op_dtypes(q, k, cos, sin):
         c = _merge_mrope(cos, section).unsqueeze(unsqueeze_dim)
         s = _merge_mrope(sin, section).unsqueeze(unsqueeze_dim)
         return _rotate(q, c, s), _rotate(k, c, s)
@@ -103,7 +107,8 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
 def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> Pair:
     """Llama-4's ``apply_rotary_emb`` through ``torch.ops.npu_liger.llama4_rope``: xq/xk (bsz, seq, heads,
     head_dim) with interleaved (re, im) pairs, freqs_cis complex (bsz or 1, seq, head_dim // 2)."""
-    if xq.dim() != 4 or xk.dim() != 4 or freqs_cis.dim() not in (2, 3) or not freqs_cis.is_complex():
+    if (xq.dim() != 4 or xk.dim() != 4 or freqs_cis.dim() not in (2, 3) or not _op_dtypes(xq, xk)
+            or freqs_cis.dtype not in (torch.complex64, torch.complex128)):  # the tables llama4_rope takes
         xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
         xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
         f = freqs_cis[:, :, None, :]

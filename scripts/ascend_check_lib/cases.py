@@ -58,7 +58,7 @@ def _bshd(bsz, seq, heads, hd, dtype):
 
 def _glu(rows, cols):
     def build(dtype):
-        return {"a": _e(rows, cols, dtype=dtype), "b": _e(rows, cols, dtype=dtype), "grad_c": _e(rows, cols, dtype=dtype)}
+        return {name: _e(rows, cols, dtype=dtype) for name in ("a", "b", "grad_c")}
     return build
 
 

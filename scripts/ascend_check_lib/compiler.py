@@ -214,7 +214,8 @@ class Compiler:
                 match = _CACHE_RE.search(text)
                 path = Path(match.group(1)) / f"{name[:150]}.ttadapter" if match else None
                 if path is None or not path.is_file():
-                    return CompileResult("FAIL", "-", detail=f"stage 1 stopped as expected but left no {name}.ttadapter")
+                    return CompileResult("FAIL", "-",
+                                         detail=f"stage 1 stopped as expected but left no {name}.ttadapter")
                 return path
             stage = re.search(r"\[(\w+)\] encounters error", text)
             where = stage.group(1) if stage else type(exc).__name__
