@@ -25,7 +25,8 @@ from .registrations.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from .registrations.rope import rope  # noqa: E402
 from .registrations.swiglu import swiglu  # noqa: E402
 from .registrations.tvd import tvd  # noqa: E402
+from .registrations._loss import CrossEntropyOutput  # noqa: E402  (the losses' result with statistics)
 
 __version__ = "0.1.0"
 # Each public function once (one line per op above); the list is the registrations' own.
-__all__ = ["__version__", "nn", "registrations", "tiling", *sorted(registrations.PUBLIC)]
+__all__ = ["__version__", "CrossEntropyOutput", "nn", "registrations", "tiling", *sorted(registrations.PUBLIC)]

@@ -96,14 +96,19 @@ def layer_norm_reference(x, weight, bias, eps=1e-5):
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
-def cross_entropy_reference(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
-                            lse_square_scale=0.0):
-    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
                            label_smoothing=label_smoothing)
 
 
-def flce_reference(x, weight, target, bias=None, ignore_index=-100, reduction="mean"):
-    return F.cross_entropy(F.linear(x, weight, bias).float(), target, ignore_index=ignore_index, reduction=reduction)
+def flce_reference(x, weight, target, bias=None, ce_weight=None, ignore_index=-100, reduction="mean",
+                   label_smoothing=0.0):
+    return F.cross_entropy(F.linear(x, weight, bias).float(), target, ce_weight, ignore_index=ignore_index,
+                           reduction=reduction, label_smoothing=label_smoothing)
+
+
+def class_weight(n):
+    return torch.rand(n, device=DEVICE) + 0.5
 
 
 def kl_div_reference(y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10):
@@ -207,8 +212,11 @@ CASES = {
     "fused_add_rms_norm": OpCase(lambda: (randn((3, 16)), randn((3, 16)), randn((16,))), (0, 1, 2),
                                  fused_add_rms_norm_reference),
     "layer_norm": OpCase(lambda: (randn((3, 16)), randn((16,)), randn((16,))), (0, 1, 2), layer_norm_reference),
-    "cross_entropy": OpCase(lambda: (randn((4, 10)), index((4,), 10)), (0,), cross_entropy_reference),
-    "fused_linear_cross_entropy": OpCase(lambda: (randn((4, 8)), randn((10, 8)), index((4,), 10)), (0, 1),
+    # class weights and label smoothing: every tensor argument of the row kernel is drawn in every layout
+    "cross_entropy": OpCase(lambda: (randn((4, 10)), index((4,), 10), class_weight(10), -100, "mean", 0.1), (0,),
+                            cross_entropy_reference),
+    "fused_linear_cross_entropy": OpCase(lambda: (randn((4, 8)), randn((10, 8)), index((4,), 10), randn((10,)),
+                                                  class_weight(10), -100, "mean", 0.1), (0, 1, 3),
                                          flce_reference),
     "kl_div": OpCase(lambda: (randn((4, 9)).log_softmax(-1), randn((4, 9)).softmax(-1), "sum"), (0, 1),
                      kl_div_reference),

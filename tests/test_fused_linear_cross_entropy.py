@@ -16,11 +16,12 @@ import npu_liger.npu_ops.fused_linear_cross_entropy as flce_kernels
 from checklist import (DEVICE, FLOAT_DTYPES, UNIT_ROUNDOFF, assert_close, assert_no_alias,
                        assert_unchanged, randn, rel_error, run_opcheck, snapshot)
 from test_cross_entropy import (APPROXIMATE_MATH_FLOOR, assert_fp32_close, assert_scaled, logit_grad_sizes,
-                                loss_floor, make_target, reference as ce_reference)
+                                loss_floor, make_class_weight, make_target, reference as ce_reference)
 
 flce_op = torch.ops.npu_liger.fused_linear_cross_entropy.default
 with_grad_op = torch.ops.npu_liger.fused_linear_cross_entropy_with_grad.default
 backward_op = torch.ops.npu_liger.fused_linear_cross_entropy_backward.default
+flce_with_stats_op = torch.ops.npu_liger.fused_linear_cross_entropy_with_stats.default
 REDUCTIONS = ("none", "sum", "mean")
 
 
@@ -31,12 +32,12 @@ def chunks_of(rows):
         yield
 
 
-def reference(x, weight, target, bias=None, *options):
+def reference(x, weight, target, bias=None, ce_weight=None, *options):
     """The unfused computation the way HF runs it: logits in x's dtype, the loss from fp32 logits."""
     logits = torch.nn.functional.linear(x, weight, bias)
     if logits.dtype != torch.float64:
         logits = logits.float()
-    return ce_reference(logits, target, *options)
+    return ce_reference(logits, target, None if ce_weight is None else ce_weight.to(logits.dtype), *options)
 
 
 def make_inputs(n_rows, hidden, vocab, dtype=torch.float32, bias=True, strided=False):
@@ -80,7 +81,9 @@ def logit_grads64(x, weight, bias, target, grad_out, options) -> torch.Tensor:
     """dloss/dlogits in float64."""
     logits = torch.nn.functional.linear(x.double(), weight.double(), None if bias is None else bias.double())
     logits = logits.detach().requires_grad_(True)
-    ce_reference(logits, target, *options).backward(grad_out.double())
+    ce_weight, *rest = options
+    ce_reference(logits, target, None if ce_weight is None else ce_weight.double(), *rest).backward(
+        grad_out.double())
     return logits.grad
 
 
@@ -131,12 +134,12 @@ def assert_rounded_grad_close(got, ref64, ref_lp, rounding_size, what, floor):
 
 
 def check(x, weight, target, bias=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,
-          lse_square_scale=0.0, fn=None, chunk_rows=None):
+          lse_square_scale=0.0, fn=None, chunk_rows=None, ce_weight=None, use_token_scaling=False):
     """Loss and every grad against float64 (half precision: against the unfused half-precision run) for an
     incoming gradient of 1, then with a random one (sum/mean: the unit gradients scaled exactly; none: the
     recomputing backward against float64)."""
     fn = fn or npu_liger.fused_linear_cross_entropy
-    options = (ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
+    options = (ce_weight, ignore_index, reduction, label_smoothing, softcap, lse_square_scale, use_token_scaling)
     names = ("x", "weight", "bias")
     inputs = (x, weight, target, bias)
     before = snapshot(inputs)
@@ -154,7 +157,7 @@ def check(x, weight, target, bias=None, ignore_index=-100, reduction="mean", lab
         ref_leaves = tuple(None if t is None else t.detach().double().requires_grad_(True) for t in (x, weight, bias))
         ref = reference(ref_leaves[0], ref_leaves[1], target, ref_leaves[2], *options)
         ref.backward(grad_out.double())
-        floors = fp32_floors(x, weight, bias, target, grad_out, *options[:2], softcap)
+        floors = fp32_floors(x, weight, bias, target, grad_out, ignore_index, reduction, softcap)
         lp_leaves = _leaves(x, weight, bias)
         ref_lp = reference(lp_leaves[0], lp_leaves[1], target, lp_leaves[2], *options)
         ref_lp.backward(grad_out)
@@ -184,14 +187,15 @@ def check(x, weight, target, bias=None, ignore_index=-100, reduction="mean", lab
        vocab=st.sampled_from([1, 7, 130, 700]), dtype=st.sampled_from(FLOAT_DTYPES), bias=st.booleans(),
        strided=st.booleans(), mode=st.sampled_from(["some", "all", "no"]), rows=st.sampled_from([1, 4, 16]),
        label_smoothing=st.sampled_from([0.0, 0.1]), softcap=st.sampled_from([None, 5.0]),
-       lse_square_scale=st.sampled_from([0.0, 1e-3]))
+       lse_square_scale=st.sampled_from([0.0, 1e-3]), class_weights=st.booleans(), use_token_scaling=st.booleans())
 def test_matches_float64_reference(reduction, n_rows, hidden, vocab, dtype, bias, strided, mode, rows,
-                                   label_smoothing, softcap, lse_square_scale):
+                                   label_smoothing, softcap, lse_square_scale, class_weights, use_token_scaling):
     x, weight, b = make_inputs(n_rows, hidden, vocab, dtype, bias, strided)
     target = make_target(n_rows, vocab, mode)
+    ce_weight = make_class_weight(vocab) if class_weights else None
     with chunks_of(rows):
         check(x, weight, target, b, -100, reduction, label_smoothing, softcap, lse_square_scale,
-              chunk_rows=rows)
+              chunk_rows=rows, ce_weight=ce_weight, use_token_scaling=use_token_scaling)
 
 
 def test_chunks_never_hold_more_rows_than_chunk_rows(monkeypatch, small_ub):
@@ -284,16 +288,16 @@ def test_only_the_needed_gradients_are_computed():
         with torch.no_grad():
             npu_liger.fused_linear_cross_entropy(x, weight, target)
     assert calls == [] and x.grad is not None and weight.grad is None
-    loss, gx, gw, gb = with_grad_op(x.detach(), weight, target, None, -100, "mean", 0.0, None, 0.0, False, False,
-                                    False)
-    assert gx.shape == gw.shape == gb.shape == (0,)
+    loss, gx, gw, gb, *stats = with_grad_op(x.detach(), weight, target, None, None, -100, "mean", 0.0, None, 0.0,
+                                            False, None, False, False, False, False)
+    assert gx.shape == gw.shape == gb.shape == (0,) and all(t.shape == (0,) for t in stats)
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean", "none"])
 def test_compiled_fullgraph_dynamic_without_recompiles_matches_eager(reduction):
     """Identical loss and gradients compiled and eager, with ignore_index present, across token counts."""
     def fn(x, weight, target, bias):
-        loss = npu_liger.fused_linear_cross_entropy(x * 1.0, weight, target, bias, -100, reduction, 0.0, 30.0)
+        loss = npu_liger.fused_linear_cross_entropy(x * 1.0, weight, target, bias, None, -100, reduction, 0.0, 30.0)
         return loss.sum() / 7.0  # a num_items_in_batch-style divisor
 
     torch._dynamo.reset()
@@ -327,12 +331,15 @@ def test_opcheck(dtype):
     target = make_target(6, 19)
     with chunks_of(4):
         for reduction in REDUCTIONS:
-            run_opcheck(flce_op, (x.requires_grad_(True), weight.requires_grad_(True), target, b, -100, reduction,
-                                  0.1, 3.0, 1e-3))
-            run_opcheck(with_grad_op, (x.detach(), weight.detach(), target, b, -100, reduction, 0.0, None, 0.0,
-                                       True, True, True))
-        run_opcheck(backward_op, (randn((6,)), x.detach(), weight.detach(), target, b, -100, 0.0, None, 0.0, True,
-                                  False, True))
+            run_opcheck(flce_op, (x.requires_grad_(True), weight.requires_grad_(True), target, b, None, -100,
+                                  reduction, 0.1, 3.0, 1e-3))
+            run_opcheck(flce_op, (x, weight, target, b, make_class_weight(19), -100, reduction, 0.1, None, 0.0, True,
+                                  torch.float32))
+            run_opcheck(flce_with_stats_op, (x, weight, target, b, None, -100, reduction, 0.0, None, 1e-3))
+            run_opcheck(with_grad_op, (x.detach(), weight.detach(), target, b, None, -100, reduction, 0.0, None, 0.0,
+                                       False, None, True, True, True, True))
+        run_opcheck(backward_op, (randn((6,)), x.detach(), weight.detach(), target, b, None, -100, 0.0, None, 0.0,
+                                  False, None, True, False, True))
         run_opcheck(flce_op, (x, weight, target))
 
 
@@ -342,8 +349,9 @@ def test_eager_path_matches_the_dispatched_op(reduction):
     target = make_target(11, 40)
     fast, slow = _leaves(x, weight, b), _leaves(x, weight, b)
     with chunks_of(4):
-        fast_loss = npu_liger.fused_linear_cross_entropy(fast[0], fast[1], target, fast[2], -100, reduction, 0.1)
-        slow_loss = flce_op(slow[0], slow[1], target, slow[2], -100, reduction, 0.1)
+        fast_loss = npu_liger.fused_linear_cross_entropy(fast[0], fast[1], target, fast[2], None, -100, reduction,
+                                                         0.1)
+        slow_loss = flce_op(slow[0], slow[1], target, slow[2], None, -100, reduction, 0.1)
         fast_loss.backward(torch.full_like(fast_loss, 3.0))
         slow_loss.backward(torch.full_like(slow_loss, 3.0))
     assert torch.equal(fast_loss, slow_loss)

@@ -18,7 +18,13 @@ backward`` recomputes the chunks with those per-row scales.
 
 grad_weight accumulates in weight's dtype: an fp32 accumulator would be V x H x 4 bytes (2.1 GB at V=128256,
 H=4096), twice the bf16 gradient itself, which defeats the purpose; each chunk's matmul sums in fp32 inside,
-so only the cross-chunk sums round (as Liger's chunked version does).
+so only the cross-chunk sums round (as Liger's chunked version does). ``accum_dtype`` (Liger's option, e.g.
+torch.float32) accumulates grad_weight and grad_bias in that dtype instead, for runs that need it: each chunk's
+product then goes through one more (V, H) buffer in weight's dtype, added into the accumulator.
+
+The options, class weights (``ce_weight``), statistics and token scaling are cross_entropy's (``_loss.py``,
+``_cross_entropy_rows.py``); the loss is fp32 (Hugging Face upcasts the logits before its loss, and Liger's
+fused loss is fp32 too).
 
 Chunk size (``chunk_rows``): big enough that the matmuls run at full speed, small enough that the chunk is a
 small part of the logits. The binding matmul is the weight-gradient update: ``grad_weight += grad_logits.T @
@@ -43,48 +49,85 @@ import torch
 
 from ._chunked import CHUNK_ROWS_ENV, EFFICIENT_CHUNK_ROWS, MAX_CHUNK_FRACTION, MIN_CHUNK_ROWS  # noqa: F401
 from ._chunked import chunk_rows
+from ._cross_entropy_rows import launch_rows
+from ._loss import LossOptions, check_loss_options, check_targets, empty_stats, loss_stats, reduce_rows, target_scale
 from ._triton import check_float_tensor, new_like
-from .cross_entropy import check_cross_entropy_args, launch_rows, reduce_rows, target_scale
+
+ACCUM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_like_x(name: str, t: torch.Tensor, x: torch.Tensor, shape) -> None:
+    check_float_tensor(name, t)
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.dtype != x.dtype:
+        raise TypeError(f"{name} must have the dtype of x ({x.dtype}), got {t.dtype}")
+    if t.device != x.device:
+        raise RuntimeError(f"{name} must be on the device of x ({x.device}), got {t.device}")
 
 
 def check_flce_inputs(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-                      ignore_index: int, reduction: str, label_smoothing: float, softcap: Optional[float],
-                      lse_square_scale: float) -> None:
+                      ce_weight: Optional[torch.Tensor], options: LossOptions,
+                      accum_dtype: Optional[torch.dtype] = None) -> None:
     check_float_tensor("x", x)
     check_float_tensor("weight", weight)
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (BT, H), got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(f"weight must have shape (V, H) with H = {x.shape[1]} to match x, got {tuple(weight.shape)}")
-    if weight.dtype != x.dtype:
-        raise TypeError(f"weight must have the dtype of x ({x.dtype}), got {weight.dtype}")
-    if weight.device != x.device:
-        raise RuntimeError(f"weight must be on the device of x ({x.device}), got {weight.device}")
+    _check_like_x("weight", weight, x, weight.shape)
     if bias is not None:
-        check_float_tensor("bias", bias)
-        if bias.shape != (weight.shape[0],):
-            raise ValueError(f"bias must have shape (V,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
-        if bias.dtype != x.dtype:
-            raise TypeError(f"bias must have the dtype of x ({x.dtype}), got {bias.dtype}")
-        if bias.device != x.device:
-            raise RuntimeError(f"bias must be on the device of x ({x.device}), got {bias.device}")
-    check_cross_entropy_args(target, x.shape[0], ignore_index, reduction, label_smoothing, softcap, lse_square_scale,
-                             "x", x)
+        _check_like_x("bias", bias, x, (weight.shape[0],))
+    check_targets(target, x.shape[0], ce_weight, weight.shape[0], "x", x, weight_name="ce_weight")
+    check_loss_options(options)
+    if accum_dtype is not None and accum_dtype not in ACCUM_DTYPES:
+        raise TypeError(f"accum_dtype must be None or one of float32, float16, bfloat16, got {accum_dtype}")
 
 
 def _empty(ref: torch.Tensor) -> torch.Tensor:
     return torch.empty((0,), dtype=ref.dtype, device=ref.device)
 
 
-def _run_chunks(x, weight, target, bias, ignore_index, label_smoothing, softcap, lse_square_scale, scale,
-                row_losses, grad_x, grad_weight, grad_bias32) -> None:
-    """The chunk loop; a gradient is computed when its buffer is given (``None``: not wanted). ``scale`` is
-    0-d or per row."""
+class _Accumulator:
+    """grad_weight (and grad_bias) summed over chunks: in place in the gradient (weight's dtype), or in an
+    ``accum_dtype`` buffer with each chunk's product through a scratch buffer in weight's dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], grad_weight: bool, grad_bias: bool,
+                 accum_dtype: Optional[torch.dtype]):
+        wide = accum_dtype is not None and accum_dtype != weight.dtype
+        self.dtype = weight.dtype
+        self.weight = None
+        if grad_weight:
+            self.weight = torch.zeros_like(weight, dtype=accum_dtype) if wide else new_like(weight)
+        self.scratch = new_like(weight) if grad_weight and wide else None
+        self.bias = torch.zeros((weight.shape[0],), dtype=torch.float32, device=weight.device) if grad_bias else None
+
+    def add(self, grad_logits: torch.Tensor, x_chunk: torch.Tensor, first: bool) -> None:
+        if self.weight is not None:
+            if self.scratch is None:  # the first chunk overwrites (beta=0): no zero fill
+                self.weight.addmm_(grad_logits.t(), x_chunk, beta=0.0 if first else 1.0)
+            else:
+                self.weight += torch.mm(grad_logits.t(), x_chunk, out=self.scratch)
+        if self.bias is not None:
+            self.bias += grad_logits.sum(0, dtype=torch.float32)
+
+    def results(self, n_rows: int, ref: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        weight = _empty(ref) if self.weight is None else self.weight
+        if self.weight is not None and n_rows == 0 and self.scratch is None:
+            weight.zero_()  # no chunk ran: a sum over nothing
+        return weight.to(self.dtype), _empty(ref) if self.bias is None else self.bias.to(self.dtype)
+
+
+def _run_chunks(x, weight, target, bias, ce_weight, options: LossOptions, scale, row_losses, grad_x,
+                accumulator: Optional[_Accumulator], z_rows=None, argmax_rows=None) -> None:
+    """The chunk loop; grad_x is computed when its buffer is given, grad_weight / grad_bias through
+    ``accumulator`` (None: not wanted). ``scale`` is 0-d or per row."""
     n_rows, vocab = x.shape[0], weight.shape[0]
-    wants_grad = grad_x is not None or grad_weight is not None or grad_bias32 is not None
+    wants_grad = grad_x is not None or accumulator is not None
     rows = chunk_rows(n_rows, x.shape[1], vocab)
     logits_buffer = torch.empty((min(rows, n_rows), vocab), dtype=x.dtype, device=x.device)
     weight_t = weight.t()
+    weight_sum = None if ce_weight is None else ce_weight.sum(dtype=torch.float32)
     for start in range(0, n_rows, rows):
         end = min(start + rows, n_rows)
         x_chunk = x[start:end]
@@ -94,52 +137,57 @@ def _run_chunks(x, weight, target, bias, ignore_index, label_smoothing, softcap,
         else:
             torch.addmm(bias, x_chunk, weight_t, out=logits)
         chunk_scale = scale[start:end] if scale.dim() else scale
-        launch_rows(logits, target[start:end], row_losses[start:end], logits if wants_grad else None, chunk_scale,
-                    ignore_index, label_smoothing, softcap, lse_square_scale)
+        chunk_stats = () if z_rows is None else (z_rows[start:end], argmax_rows[start:end])
+        launch_rows(logits, target[start:end], ce_weight, weight_sum, row_losses[start:end],
+                    logits if wants_grad else None, chunk_scale, options, *chunk_stats)
         if grad_x is not None:
             torch.mm(logits, weight, out=grad_x[start:end])
-        if grad_weight is not None:
-            grad_weight.addmm_(logits.t(), x_chunk, beta=0.0 if start == 0 else 1.0)
-        if grad_bias32 is not None:
-            grad_bias32 += logits.sum(0, dtype=torch.float32)
-    if grad_weight is not None and n_rows == 0:
-        grad_weight.zero_()
+        if accumulator is not None:
+            accumulator.add(logits, x_chunk, first=start == 0)
 
 
 def fused_linear_cross_entropy_forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                                       bias: Optional[torch.Tensor] = None, ignore_index: int = -100,
-                                       reduction: str = "mean", label_smoothing: float = 0.0,
-                                       softcap: Optional[float] = None, lse_square_scale: float = 0.0,
-                                       grad_x: bool = False, grad_weight: bool = False, grad_bias: bool = False
-                                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, grad_x, grad_weight, grad_bias): the fp32 loss ((BT,) for ``none``, else 0-d) and the gradients
-    asked for (for an incoming gradient of 1; each an empty (0,) tensor when not asked for, and always for
-    ``reduction="none"``, whose gradients come from ``fused_linear_cross_entropy_backward``)."""
-    check_flce_inputs(x, weight, target, bias, ignore_index, reduction, label_smoothing, softcap, lse_square_scale)
+                                       bias: Optional[torch.Tensor] = None, ce_weight: Optional[torch.Tensor] = None,
+                                       ignore_index: int = -100, reduction: str = "mean",
+                                       label_smoothing: float = 0.0, softcap: Optional[float] = None,
+                                       lse_square_scale: float = 0.0, use_token_scaling: bool = False,
+                                       accum_dtype: Optional[torch.dtype] = None, grad_x: bool = False,
+                                       grad_weight: bool = False, grad_bias: bool = False, stats: bool = False
+                                       ) -> Tuple[torch.Tensor, ...]:
+    """(loss, grad_x, grad_weight, grad_bias, z_loss, token_accuracy, predicted_tokens): the fp32 loss ((BT,) for
+    ``none``, else 0-d), the gradients asked for (for an incoming gradient of 1; each an empty (0,) tensor when
+    not asked for, and always for ``reduction="none"``, whose gradients come from
+    ``fused_linear_cross_entropy_backward``) and, with ``stats``, the ``_loss.LossStats`` (else empty tensors)."""
+    options = LossOptions(ignore_index, reduction, label_smoothing, softcap, lse_square_scale, use_token_scaling)
+    check_flce_inputs(x, weight, target, bias, ce_weight, options, accum_dtype)
     n_rows, vocab = x.shape[0], weight.shape[0]
     if reduction == "none":
         grad_x = grad_weight = grad_bias = False
     grad_bias = grad_bias and bias is not None
-    scale = target_scale(target, ignore_index, reduction, vocab)
+    scale = target_scale(target, ce_weight, ignore_index, reduction, vocab)
     row_losses = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
     gx = new_like(x) if grad_x else None
-    gw = new_like(weight) if grad_weight else None
-    gb32 = torch.zeros((vocab,), dtype=torch.float32, device=x.device) if grad_bias else None
-    _run_chunks(x, weight, target, bias, ignore_index, label_smoothing, softcap, lse_square_scale, scale, row_losses,
-                gx, gw, gb32)
+    accumulator = _Accumulator(weight, bias, grad_weight, grad_bias, accum_dtype) if grad_weight or grad_bias else None
+    z_rows = torch.empty((n_rows,), dtype=torch.float32, device=x.device) if stats else None
+    argmax_rows = torch.empty((n_rows,), dtype=torch.int64, device=x.device) if stats else None
+    _run_chunks(x, weight, target, bias, ce_weight, options, scale, row_losses, gx, accumulator, z_rows, argmax_rows)
     loss = reduce_rows(row_losses, scale, reduction)
-    return (loss, _empty(x) if gx is None else gx, _empty(weight) if gw is None else gw,
-            _empty(x) if gb32 is None else gb32.to(x.dtype))
+    gw, gb = accumulator.results(n_rows, x) if accumulator is not None else (_empty(weight), _empty(x))
+    extra = loss_stats(z_rows, argmax_rows, target, scale, options, loss.dtype) if stats else empty_stats(x)
+    return (loss, _empty(x) if gx is None else gx, gw, gb, *extra)
 
 
 def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                                        target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
+                                        target: torch.Tensor, bias: Optional[torch.Tensor],
+                                        ce_weight: Optional[torch.Tensor], ignore_index: int,
                                         label_smoothing: float, softcap: Optional[float], lse_square_scale: float,
-                                        grad_x: bool, grad_weight: bool, grad_bias: bool
+                                        use_token_scaling: bool, accum_dtype: Optional[torch.dtype], grad_x: bool,
+                                        grad_weight: bool, grad_bias: bool
                                         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients for ``reduction="none"`` with the per-row incoming gradient ``grad_loss`` (BT,): the chunks are
     recomputed with each row's gradient scaled by its entry. Not-asked-for gradients are empty (0,) tensors."""
-    check_flce_inputs(x, weight, target, bias, ignore_index, "none", label_smoothing, softcap, lse_square_scale)
+    options = LossOptions(ignore_index, "none", label_smoothing, softcap, lse_square_scale, use_token_scaling)
+    check_flce_inputs(x, weight, target, bias, ce_weight, options, accum_dtype)
     check_float_tensor("grad_loss", grad_loss)
     if grad_loss.shape != (x.shape[0],):
         raise ValueError(f"grad_loss must have shape (BT,) = ({x.shape[0]},), got {tuple(grad_loss.shape)}")
@@ -147,9 +195,7 @@ def fused_linear_cross_entropy_backward(grad_loss: torch.Tensor, x: torch.Tensor
     scale = grad_loss.to(torch.float32).contiguous()
     row_losses = torch.empty((x.shape[0],), dtype=torch.float32, device=x.device)  # recomputed, unused
     gx = new_like(x) if grad_x else None
-    gw = new_like(weight) if grad_weight else None
-    gb32 = torch.zeros((weight.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
-    _run_chunks(x, weight, target, bias, ignore_index, label_smoothing, softcap, lse_square_scale, scale, row_losses,
-                gx, gw, gb32)
-    return (_empty(x) if gx is None else gx, _empty(weight) if gw is None else gw,
-            _empty(x) if gb32 is None else gb32.to(x.dtype))
+    accumulator = _Accumulator(weight, bias, grad_weight, grad_bias, accum_dtype) if grad_weight or grad_bias else None
+    _run_chunks(x, weight, target, bias, ce_weight, options, scale, row_losses, gx, accumulator)
+    gw, gb = accumulator.results(x.shape[0], x) if accumulator is not None else (_empty(weight), _empty(x))
+    return _empty(x) if gx is None else gx, gw, gb

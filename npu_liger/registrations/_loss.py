@@ -1,5 +1,6 @@
-"""What the two loss ops share: the gradients come out of the forward pass (for an incoming gradient of 1) and
-the backward only scales them by the incoming gradient.
+"""What the two loss ops (cross_entropy, fused_linear_cross_entropy) share: their options' schema, the statistics
+output, and how the gradients travel: they come out of the forward pass (for an incoming gradient of 1) and the
+backward only scales them by the incoming gradient.
 
 Two paths with the same numbers:
 - the registered formula (torch.compile, DTensor, dispatch modes, functorch): the forward op returns the
@@ -12,18 +13,62 @@ Two paths with the same numbers:
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
-from ..npu_ops.cross_entropy import scale_in_place as scale_kernel
+from ..npu_ops._loss import LossOptions
+from ..npu_ops._loss import scale_in_place as scale_kernel
+
+# The options of both public ops' schemas, after their tensors (``npu_ops._loss.LossOptions``, in its order).
+OPTIONS_SCHEMA = ('int ignore_index=-100, str reduction="mean", float label_smoothing=0.0, float? softcap=None, '
+                  "float lse_square_scale=0.0, bool use_token_scaling=False")
+# The same without defaults, for the internal ops.
+OPTIONS_ARGS = ("int ignore_index, str reduction, float label_smoothing, float? softcap, float lse_square_scale, "
+                "bool use_token_scaling")
+N_OPTIONS = len(LossOptions._fields)
 
 
-def sharded_rows_result(pl, reduction: str):
-    """The losses' sharding: tokens sharded (rows S(0), targets S(0), weight and bias R) or everything R. Rows
-    are independent for ``none`` (the loss -> S(0)) and ``sum`` (-> P; grad_x rows S(0), grad_weight and grad_bias
-    P); ``mean`` divides by the GLOBAL number of valid rows, so it is R only (call ``sum`` and divide by the
-    all-reduced count). The loss's placement for row-sharded inputs, or None where rows may not be sharded."""
+class CrossEntropyOutput(NamedTuple):
+    """What the losses return when statistics are asked for (Liger's ``CrossEntropyOutput``): the loss and, for
+    each ``return_*`` flag set, its statistic (None otherwise; see ``npu_ops._loss.LossStats``)."""
+    loss: torch.Tensor
+    z_loss: Optional[torch.Tensor] = None
+    token_accuracy: Optional[torch.Tensor] = None
+    predicted_tokens: Optional[torch.Tensor] = None
+
+
+def wants_stats(return_z_loss: bool, return_token_accuracy: bool, return_predicted_tokens: bool) -> bool:
+    return return_z_loss or return_token_accuracy or return_predicted_tokens
+
+
+def stats_output(outputs, return_z_loss: bool, return_token_accuracy: bool,
+                 return_predicted_tokens: bool) -> CrossEntropyOutput:
+    """(loss, z_loss, token_accuracy, predicted_tokens) with the statistics not asked for left out."""
+    loss, z_loss, accuracy, predicted = outputs
+    return CrossEntropyOutput(loss, z_loss if return_z_loss else None, accuracy if return_token_accuracy else None,
+                              predicted if return_predicted_tokens else None)
+
+
+def fake_stats(ref: torch.Tensor, n_rows, reduction: str, stats: bool, loss_dtype: torch.dtype) -> tuple:
+    """The fakes' (z_loss, token_accuracy, predicted_tokens), as ``npu_ops._loss.loss_stats`` / ``empty_stats``."""
+    if not stats:
+        return (ref.new_empty((0,), dtype=torch.float32), ref.new_empty((0,), dtype=torch.float32),
+                ref.new_empty((0,), dtype=torch.int64))
+    shape = (n_rows,) if reduction == "none" else ()
+    return (ref.new_empty(shape, dtype=loss_dtype), ref.new_empty(shape, dtype=torch.float32),
+            ref.new_empty((n_rows,), dtype=torch.int64))
+
+
+def sharded_rows_result(pl, reduction: str, stats: bool = False):
+    """The losses' sharding: tokens sharded (rows S(0), targets S(0), weight, bias and class weights R) or
+    everything R. Rows are independent for ``none`` (the loss -> S(0)) and ``sum`` (-> P; grad_x rows S(0),
+    grad_weight and grad_bias P); ``mean`` divides by the GLOBAL weight of the valid rows, so it is R only (call
+    ``sum`` and divide by the all-reduced count), and so are the statistics of a scalar reduction (the token
+    accuracy is a mean). The loss's placement for row-sharded inputs (the z-loss's too), or None where rows may
+    not be sharded."""
+    if stats and reduction != "none":
+        return None
     return {"none": pl.S(0), "sum": pl.P}.get(reduction)
 
 

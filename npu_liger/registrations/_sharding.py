@@ -68,6 +68,7 @@ class Placements:
 
     def __init__(self, api, op, args: Sequence):
         self.R, self.P, self.S = api.Replicate(), api.Partial(), api.Shard
+        self.op_name = op._schema.name.split("::")[-1]  # for a rule shared by several ops
         self._schema = op._schema.arguments
         self._args = list(args) + [a.default_value for a in self._schema[len(args):]]
 

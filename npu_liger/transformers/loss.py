@@ -150,7 +150,8 @@ def causal_lm_loss_and_logits(hidden: torch.Tensor, lm_head: nn.Module, labels: 
         bias = None if bias is None else bias.to(dtype)
         target = shift_labels.reshape(-1).to(x.device)
         logits = None
-        loss = npu_liger.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, reduction, 0.0, softcap)
+        loss = npu_liger.fused_linear_cross_entropy(x, weight, target, bias, ignore_index=ignore_index,
+                                                    reduction=reduction, softcap=softcap)
     else:
         logits = lm_head(hidden)
         if softcap is not None:  # the original forward's three steps, so the returned logits are its own
@@ -159,7 +160,7 @@ def causal_lm_loss_and_logits(hidden: torch.Tensor, lm_head: nn.Module, labels: 
             logits = logits * softcap
         flat = logits.float().reshape(-1, logits.shape[-1])  # ForCausalLMLoss upcasts before the loss
         target = shift_labels.reshape(-1).to(flat.device)
-        loss = npu_liger.cross_entropy(flat, target, ignore_index, reduction)
+        loss = npu_liger.cross_entropy(flat, target, ignore_index=ignore_index, reduction=reduction)
     if num_items_in_batch is None:
         return loss, logits
     if torch.is_tensor(num_items_in_batch):

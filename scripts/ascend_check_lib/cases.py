@@ -98,10 +98,12 @@ def _cross_entropy(rows, cols, target_dtype):
 def _cross_entropy_with_grad(ce):
     """The training path: loss and gradient in one launch, every switch on (softcap, smoothing, z-loss), then
     the eager backward's in-place scaling (one scale, and one per row)."""
+    from npu_liger.npu_ops._loss import scale_in_place
+
     def cross_entropy_with_grad(logits, target):
-        _, grad = ce.cross_entropy_forward(logits, target, -100, "mean", 0.1, 30.0, 1e-4, compute_grad=True)
-        ce.scale_in_place(grad, torch.ones((), dtype=torch.float32))
-        ce.scale_in_place(grad, torch.ones(grad.shape[0], dtype=torch.float32))
+        grad = ce.cross_entropy_forward(logits, target, None, -100, "mean", 0.1, 30.0, 1e-4, compute_grad=True)[1]
+        scale_in_place(grad, torch.ones((), dtype=torch.float32))
+        scale_in_place(grad, torch.ones(grad.shape[0], dtype=torch.float32))
     return cross_entropy_with_grad
 
 
@@ -170,6 +172,17 @@ def _grpo_with_grad(grpo):
     return grpo_with_grad
 
 
+def _cross_entropy_every_option(ce):
+    """Every switch of the row kernel at once: class weights with label smoothing (the weighted sums), the
+    statistics (the running argmax), token scaling, softcap and z-loss; loss only and with the gradient."""
+    def cross_entropy_every_option(logits, target):
+        weight = torch.empty(logits.shape[1], dtype=torch.float32)
+        for compute_grad in (False, True):
+            ce.cross_entropy_forward(logits, target, weight, -100, "mean", 0.1, 30.0, 1e-4, True,
+                                     compute_grad=compute_grad, stats=True)
+    return cross_entropy_every_option
+
+
 def _rope(bsz, seq, q_heads, kv_heads, hd, cos_shape):
     def build(dtype):
         return {"q": _bshd(bsz, seq, q_heads, hd, dtype), "k": _bshd(bsz, seq, kv_heads, hd, dtype),
@@ -229,7 +242,8 @@ OPS: List[Op] = [
         Problem("2x262144 i64 (V 256k)", _cross_entropy(2, 262144, torch.int64)),
         Problem("3x1001 i32", _cross_entropy(3, 1001, torch.int32))],
        [Call("fwd", "cross_entropy_forward"),
-        Call("fwd+grad", "cross_entropy_forward", adapter=_cross_entropy_with_grad)]),
+        Call("fwd+grad", "cross_entropy_forward", adapter=_cross_entropy_with_grad),
+        Call("all-options", "cross_entropy_forward", adapter=_cross_entropy_every_option)]),
     Op("rope", [Problem("b4 s4096 h32/8 d128", _rope(4, 4096, 32, 8, 128, (1, 4096, 128)), bench=True),
                 Problem("b2 s7 h3/1 d72 per-batch cos", _rope(2, 7, 3, 1, 72, (2, 7, 72))),
                 Problem("b1 s5 h4/2 d80 rot32", _rope(1, 5, 4, 2, 80, (5, 32)))]),
