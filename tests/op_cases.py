@@ -103,8 +103,10 @@ def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, redu
 
 def flce_reference(x, weight, target, bias=None, ce_weight=None, ignore_index=-100, reduction="mean",
                    label_smoothing=0.0):
-    return F.cross_entropy(F.linear(x, weight, bias).float(), target, ce_weight, ignore_index=ignore_index,
-                           reduction=reduction, label_smoothing=label_smoothing)
+    logits = F.linear(x, weight, bias)
+    logits = logits if logits.dtype == torch.float64 else logits.float()  # HF's upcast; float64 stays float64
+    return F.cross_entropy(logits, target, ce_weight, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
 
 
 def class_weight(n):

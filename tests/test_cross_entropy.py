@@ -288,7 +288,7 @@ def test_compiled_fullgraph_dynamic_without_recompiles_matches_eager(reduction):
         assert_close(loss, eager.double())
         assert torch.equal(logits.grad, eager_logits.grad)
         ref_logits = logits.detach().double().requires_grad_(True)
-        reference(ref_logits * 1.5, target, -100, reduction, 0.1).sum().backward()
+        reference(ref_logits * 1.5, target, None, -100, reduction, 0.1).sum().backward()
         assert_close(logits.grad, ref_logits.grad)
 
 

@@ -56,10 +56,10 @@ from ._triton import check_float_tensor, new_like
 ACCUM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _check_like_x(name: str, t: torch.Tensor, x: torch.Tensor, shape) -> None:
+def _check_like_x(name: str, t: torch.Tensor, x: torch.Tensor, shape, shape_name: str) -> None:
     check_float_tensor(name, t)
     if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+        raise ValueError(f"{name} must have shape {shape_name} = {tuple(shape)}, got {tuple(t.shape)}")
     if t.dtype != x.dtype:
         raise TypeError(f"{name} must have the dtype of x ({x.dtype}), got {t.dtype}")
     if t.device != x.device:
@@ -75,9 +75,9 @@ def check_flce_inputs(x: torch.Tensor, weight: torch.Tensor, target: torch.Tenso
         raise ValueError(f"x must be 2-D (BT, H), got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(f"weight must have shape (V, H) with H = {x.shape[1]} to match x, got {tuple(weight.shape)}")
-    _check_like_x("weight", weight, x, weight.shape)
+    _check_like_x("weight", weight, x, weight.shape, "(V, H)")
     if bias is not None:
-        _check_like_x("bias", bias, x, (weight.shape[0],))
+        _check_like_x("bias", bias, x, (weight.shape[0],), "(V,)")
     check_targets(target, x.shape[0], ce_weight, weight.shape[0], "x", x, weight_name="ce_weight")
     check_loss_options(options)
     if accum_dtype is not None and accum_dtype not in ACCUM_DTYPES:
