@@ -34,6 +34,12 @@ rms_norm       ``transformers.functional.liger_rms_norm(x, w, eps)`` (in_place=T
 fused_add_...  ``transformers.functional.liger_fused_add_rms_norm(x, r, w, eps)``;
                ``LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", True)``
 layer_norm     ``transformers.functional.liger_layer_norm(x, w, b, eps)``; ``LigerLayerNormFunction.apply(...)``
+dyt            ``transformers.functional.liger_dyt(x, alpha, gamma, beta)``; ``LigerDyTFunction.apply(...)``
+poly_norm      ``transformers.functional.liger_poly_norm(x, w, b, eps)`` (in_place=True, LigerPolyNorm's default;
+               bias 0-d as LigerPolyNorm holds it); ``LigerPolyNormFunction.apply(x, w, b, eps, True)``
+group_norm     ``transformers.functional.liger_group_norm(x, w, b, C, G, eps)``; ``LigerGroupNormFunction.apply``
+fused_moe      ``LigerFusedMoEFunction.apply(x, gate_up_proj, down_proj, top_k_index int32, top_k_weights)``
+               (``liger_kernel.ops``, 0.8.1+: what its ``LigerExperts`` module calls; no functional)
 =============  ==========================================================================================
 
 Liger rotates q/k in place (the rope family, and dq/dk in backward) and writes the geglu/swiglu gradients into
@@ -43,6 +49,8 @@ the saved inputs, so the harness hands every variant fresh inputs.
 from __future__ import annotations
 
 import importlib
+
+import torch
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .specs import mrope_section_for
@@ -93,6 +101,13 @@ _FUSED = lambda f: lambda x, r, w: tuple(f(x, r, w, 1e-6))  # noqa: E731
 _FUSED_CLS = lambda c: lambda x, r, w: tuple(c.apply(x, r, w, 1e-6, 0.0, "llama", True))  # noqa: E731
 _LN = lambda f: lambda x, w, b: (f(x, w, b, 1e-5),)  # noqa: E731
 _LN_CLS = lambda c: lambda x, w, b: (c.apply(x, w, b, 1e-5),)  # noqa: E731
+_DYT = lambda f: lambda x, a, g, b: (f(x, a, g, b),)  # noqa: E731
+_DYT_CLS = lambda c: lambda x, a, g, b: (c.apply(x, a, g, b),)  # noqa: E731
+_POLY = lambda f: lambda x, w, b: (f(x, w, b, 1e-6, True),)  # noqa: E731
+_POLY_CLS = lambda c: lambda x, w, b: (c.apply(x, w, b, 1e-6, True),)  # noqa: E731
+_GN = lambda f: lambda x, w, b, groups: (f(x, w, b, x.shape[1], groups, 1e-5),)  # noqa: E731
+_GN_CLS = lambda c: lambda x, w, b, groups: (c.apply(x, w, b, x.shape[1], groups, 1e-5),)  # noqa: E731
+_MOE_CLS = lambda c: lambda x, gu, dp, index, w: (c.apply(x, gu, dp, index.to(torch.int32), w),)  # noqa: E731
 
 F = "liger_kernel.transformers.functional"
 CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
@@ -135,6 +150,14 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
                            ("liger_kernel.ops.fused_add_rms_norm:LigerFusedAddRMSNormFunction", _FUSED_CLS)],
     "layer_norm": [(f"{F}:liger_layer_norm", _LN), ("liger_kernel.ops:LigerLayerNormFunction", _LN_CLS),
                    ("liger_kernel.ops.layer_norm:LigerLayerNormFunction", _LN_CLS)],
+    "dyt": [(f"{F}:liger_dyt", _DYT), ("liger_kernel.ops:LigerDyTFunction", _DYT_CLS),
+            ("liger_kernel.ops.dyt:LigerDyTFunction", _DYT_CLS)],
+    "poly_norm": [(f"{F}:liger_poly_norm", _POLY), ("liger_kernel.ops:LigerPolyNormFunction", _POLY_CLS),
+                  ("liger_kernel.ops.poly_norm:LigerPolyNormFunction", _POLY_CLS)],
+    "group_norm": [(f"{F}:liger_group_norm", _GN), ("liger_kernel.ops:LigerGroupNormFunction", _GN_CLS),
+                   ("liger_kernel.ops.group_norm:LigerGroupNormFunction", _GN_CLS)],
+    "fused_moe": [("liger_kernel.ops:LigerFusedMoEFunction", _MOE_CLS),
+                  ("liger_kernel.ops.fused_moe:LigerFusedMoEFunction", _MOE_CLS)],
 }
 
 _RESOLVED: Dict[str, str] = {}

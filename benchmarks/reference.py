@@ -49,6 +49,23 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Te
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def dyt(x: Tensor, alpha: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
+    """Dynamic Tanh as its paper (and Liger's test) writes it."""
+    return gamma * torch.tanh(alpha * x) + beta
+
+
+def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) -> Tensor:
+    """PolyCom's PolyNorm: ``w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b``, norm an RMSNorm without weight."""
+    def norm(u):
+        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps)
+
+    return weight[0] * norm(x ** 3) + weight[1] * norm(x ** 2) + weight[2] * norm(x) + bias
+
+
+def group_norm(x: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float = 1e-5) -> Tensor:
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     """HF's way: the loss from fp32 logits (``ForCausalLMLoss`` upcasts), mean over targets != -100."""
     return F.cross_entropy(logits.float(), target)
@@ -200,3 +217,55 @@ def llama4_rope(q: Tensor, k: Tensor, freqs_cis: Tensor) -> Tuple[Tensor, Tensor
 def sources() -> Dict[str, str]:
     _load()
     return dict(SOURCES)
+
+
+# --- MoE experts: transformers' own experts code on a stand-in module (its attributes only) ---------------------
+
+def _moe_stand_in(gate_up_proj: Tensor, down_proj: Tensor):
+    from types import SimpleNamespace
+
+    stand_in = SimpleNamespace(num_experts=gate_up_proj.shape[0], gate_up_proj=gate_up_proj, down_proj=down_proj,
+                               act_fn=F.silu, has_gate=True, has_bias=False, is_transposed=False,
+                               has_post_expert_norm=False, _is_expert_parallel=False)
+    stand_in._apply_gate = lambda out: F.silu(out.chunk(2, dim=-1)[0]) * out.chunk(2, dim=-1)[1]
+    return stand_in
+
+
+def _moe_loop(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
+    """The formula of transformers' ``MixtralExperts.forward`` (the loop over the experts hit)."""
+    out = torch.zeros_like(x)
+    mask = F.one_hot(top_k_index, num_classes=gate_up_proj.shape[0] + 1).permute(2, 1, 0)
+    for e in range(gate_up_proj.shape[0]):
+        top_k_pos, token_idx = torch.where(mask[e])
+        if token_idx.numel():
+            gate, up = F.linear(x[token_idx], gate_up_proj[e]).chunk(2, dim=-1)
+            rows = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[token_idx, top_k_pos, None]
+            out.index_add_(0, token_idx, rows.to(out.dtype))
+    return out
+
+
+def moe_experts(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+                top_k_weights: Tensor) -> Tensor:
+    """transformers' eager experts (``MixtralExperts.forward``, unwrapped from its implementation switch)."""
+    try:
+        import inspect
+
+        from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+        forward = inspect.unwrap(MixtralExperts.forward)
+        SOURCES["fused_moe"] = "transformers MixtralExperts.forward (eager loop)"
+    except Exception:
+        forward = None
+        SOURCES["fused_moe"] = "local copy of MixtralExperts.forward (transformers not importable)"
+    if forward is None:
+        return _moe_loop(x, gate_up_proj, down_proj, top_k_index, top_k_weights)
+    return forward(_moe_stand_in(gate_up_proj, down_proj), x, top_k_index, top_k_weights)
+
+
+def moe_experts_grouped_mm(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+                           top_k_weights: Tensor) -> Tensor:
+    """transformers' ``experts_implementation="grouped_mm"`` (``integrations.moe.grouped_mm_experts_forward``:
+    torch's grouped_mm where it applies, its own fallback op elsewhere)."""
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    return grouped_mm_experts_forward(_moe_stand_in(gate_up_proj, down_proj), x, top_k_index, top_k_weights)

@@ -256,6 +256,14 @@ def measure_dispatch(session: Session) -> None:
     _say(report.format_dispatch(session.data["dispatch"]))
 
 
+def _tuple_out(fn: Callable) -> Callable:
+    def run(*args):
+        out = fn(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    return run
+
+
 def variants(session: Session, spec) -> List[Tuple[str, Callable]]:
     """(name, fn) of every variant timed for ``spec``: npu_liger, eager, and torch.compile / Liger when used."""
     from benchmarks import liger
@@ -263,6 +271,7 @@ def variants(session: Session, spec) -> List[Tuple[str, Callable]]:
     found = [("npu_liger", spec.npu_variant(session.args.npu_entry)), ("eager", spec.eager_variant())]
     if session.use_compile:
         found.append(("torch.compile", spec.compiled_variant()))
+    found.extend((name, _tuple_out(fn)) for name, fn in spec.peers.items())
     if session.use_liger:
         try:
             found.append(("liger", liger.variant(spec.name)))

@@ -19,6 +19,8 @@ rms_norm,           x read, y written: 2 N                               + dy, x
 layer_norm
 fused_add_rms_norm  x, residual read, y, s written: 4 N                  + dy, ds, s read, dx written: 8 N
                                                                          (x and residual share one gradient)
+dyt, poly_norm,     x read, y written: 2 N                               + dy, x read, dx written: 5 N
+group_norm
 cross_entropy       logits read: N                                       logits read twice (a row does not fit on
                                                                          chip), grad written: 3 N (the training
                                                                          call is one launch; backward scales in
@@ -31,6 +33,9 @@ jsd                 log_q, log_p read: 2 N                               the tra
 fused_linear_jsd    compute-bound (4 matmuls of BT x H x V): bytes are   + grad_x, grad_W written
                     both inputs and weights read
 grpo_loss           logits read: N                                       logits read twice, grad written: 3 N
+fused_moe           compute-bound (2 grouped matmuls, T*K x H x 2I and   + grads of x and both weights written,
+                    T*K x I x H): bytes are x and both weights read,     read again: 2x the forward's
+                    out written, for the table's sake
 ==================  ===================================================  ==========================================
 
 (cos/sin/freqs tables, indices, scalar losses and norm weights are left out, as in the issue's definitions.)
@@ -39,7 +44,7 @@ grpo_loss           logits read: N                                       logits 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -102,6 +107,8 @@ class OpSpec:
     notes: str = ""
     module: Optional[str] = None  # the npu_ops module holding the launcher, when not named after the op
     n_outputs: Optional[int] = None  # the op's outputs the variants compare (grpo_loss: the loss, not its statistics)
+    # more baselines beside eager, torch.compile and Liger: name -> f(*args) (e.g. transformers' grouped_mm experts)
+    peers: Dict[str, Callable] = field(default_factory=dict)
 
     def cases(self, kind: str) -> List[Case]:
         if kind == "main":
@@ -353,6 +360,41 @@ def _norm_spec(name, eager, npu_args, make, fwd_n, fb_n, module, with_qk=True):
     )
 
 
+def _make_dyt(p, dtype, device, gen):
+    shape, hidden = p["shape"], p["shape"][-1]
+    x = _randn(shape, dtype, device, gen, True)
+    alpha = torch.full((1,), 0.5, dtype=dtype, device=device).requires_grad_(True)  # LigerDyT's init_alpha
+    gamma = (1.0 + 0.1 * _randn((hidden,), torch.float32, device, gen)).to(dtype).requires_grad_(True)
+    beta = _randn((hidden,), dtype, device, gen, True, scale=0.1)
+    return Inputs((x, alpha, gamma, beta), (x, alpha, gamma, beta), (_randn(shape, dtype, device, gen),))
+
+
+def _make_poly_norm(p, dtype, device, gen):
+    """weight near PolyCom's (1/3, 1/3, 1/3); the bias 0-d as LigerPolyNorm holds it."""
+    x = _randn(p["shape"], dtype, device, gen, True)
+    weight = (1.0 / 3.0 + 0.05 * _randn((3,), torch.float32, device, gen)).to(dtype).requires_grad_(True)
+    bias = torch.ones((), dtype=dtype, device=device).requires_grad_(True)
+    return Inputs((x, weight, bias), (x, weight, bias), (_randn(p["shape"], dtype, device, gen),))
+
+
+def _gn_shape(p):
+    return (p["N"], p["C"], p["H"], p["W"])
+
+
+def _make_group_norm(p, dtype, device, gen):
+    x = _randn(_gn_shape(p), dtype, device, gen, True)
+    w = (1.0 + 0.1 * _randn((p["C"],), torch.float32, device, gen)).to(dtype).requires_grad_(True)
+    b = _randn((p["C"],), dtype, device, gen, True, scale=0.1)
+    return Inputs((x, w, b, p["G"]), (x, w, b), (_randn(_gn_shape(p), dtype, device, gen),))
+
+
+def _row_spec(name, eager, npu_args, make, notes):
+    """An op over (tokens, hidden) rows: dyt, poly_norm (the bench shapes of the issue: 16384 x 8192)."""
+    spec = _norm_spec(name, eager, npu_args, make, 2, 5, name, with_qk=False)
+    spec.notes = notes
+    return spec
+
+
 # --- cross_entropy / fused_linear_cross_entropy ---------------------------------------------------------------
 
 def _targets(p, device, gen):
@@ -456,6 +498,22 @@ def _distill_specs() -> Dict[str, "OpSpec"]:
     }
 
 
+def _make_moe(p, dtype, device, gen):
+    """Experts of a MoE block: top-K of random router logits (K distinct experts per token), softmax weights."""
+    T, H, E, K, inter = p["T"], p["H"], p["E"], p["K"], p["I"]
+    x = _randn((T, H), dtype, device, gen, True)
+    gate_up = _randn((E, 2 * inter, H), dtype, device, gen, True, scale=H ** -0.5)
+    down = _randn((E, H, inter), dtype, device, gen, True, scale=inter ** -0.5)
+    values, index = _randn((T, E), torch.float32, device, gen).topk(K, dim=-1)
+    weights = values.softmax(-1).to(dtype).requires_grad_(True)
+    grad_out = _randn((T, H), dtype, device, gen)
+    return Inputs((x, gate_up, down, index, weights), (x, gate_up, down, weights), (grad_out,))
+
+
+def _moe_bytes(p, s):
+    return (3 * p["E"] * p["H"] * p["I"] + 2 * p["T"] * p["H"]) * s
+
+
 SPECS: Dict[str, OpSpec] = {
     "geglu": _gated_spec("geglu", reference.geglu),
     "swiglu": _gated_spec("swiglu", reference.swiglu),
@@ -526,6 +584,25 @@ SPECS: Dict[str, OpSpec] = {
         bytes_fb=lambda p, s: 2 * (p["BT"] + p["V"]) * p["H"] * s,
         notes="compute-bound: judge by ms and the f+b peak memory column, not GB/s",
     ),
+    "fused_moe": OpSpec(
+        name="fused_moe",
+        dtype=torch.bfloat16,
+        main=[dict(T=8192, H=2048, E=64, K=8, I=768)],  # Qwen3-MoE-like (Qwen3-30B-A3B has 128 experts)
+        sweep=lambda t: dict(T=t, H=2048, E=64, K=8, I=768),
+        smoke=dict(T=6, H=16, E=4, K=2, I=8),
+        tiny=dict(T=4, H=64, E=4, K=2, I=32),
+        compile_case=lambda s: dict(T=2 * s, H=512, E=8, K=2, I=256),
+        label=lambda p: f"T{p['T']} H{p['H']} E{p['E']} K{p['K']} I{p['I']}",
+        tokens=lambda p: p["T"],
+        make=_make_moe,
+        eager=reference.moe_experts,
+        npu_args=lambda x, gate_up, down, index, weights: (x, gate_up, down, index, weights),
+        bytes_fwd=_moe_bytes,
+        bytes_fb=lambda p, s: 2 * _moe_bytes(p, s),
+        peers={"hf grouped_mm": reference.moe_experts_grouped_mm},
+        notes="compute-bound: judge by ms; eager = transformers' experts loop, hf grouped_mm = its grouped_mm "
+              "implementation; NPU_LIGER_MOE_GROUPED_MM=triton|torch picks npu_liger's grouped matmul",
+    ),
     "rope": _rope_spec(
         "rope", _make_rope,
         lambda q, k, cos, sin: reference.rope(_t(q), _t(k), cos, sin),
@@ -551,6 +628,27 @@ SPECS: Dict[str, OpSpec] = {
                              lambda p, dtype, device, gen: _make_norm(p, dtype, device, gen, bias=True), 2, 5,
                              "layer_norm", with_qk=False),
     **_distill_specs(),
+    "dyt": _row_spec("dyt", reference.dyt, lambda x, a, g, b: (x, a, g, b), _make_dyt,
+                     "alpha 0.5 (LigerDyT's init), gamma and beta over the last dim"),
+    "poly_norm": _row_spec("poly_norm", reference.poly_norm, lambda x, w, b: (x, w, b, 1e-6), _make_poly_norm,
+                           "eps 1e-6, weight (3,), 0-d bias"),
+    "group_norm": OpSpec(
+        name="group_norm",
+        dtype=torch.bfloat16,
+        main=[dict(N=32, C=512, H=64, W=64, G=32)],
+        sweep=lambda t: dict(N=max(1, t // 1024), C=512, H=32, W=32, G=32),
+        smoke=dict(N=2, C=6, H=3, W=5, G=3),
+        tiny=dict(N=2, C=8, H=4, W=4, G=4),
+        compile_case=lambda s: dict(N=2, C=128, H=s, W=16, G=32),
+        label=lambda p: f"N{p['N']} C{p['C']} {p['H']}x{p['W']} G{p['G']}",
+        tokens=lambda p: p["N"] * p["H"] * p["W"],
+        make=_make_group_norm,
+        eager=reference.group_norm,
+        npu_args=lambda x, w, b, groups: (x, w, b, groups, 1e-5),
+        bytes_fwd=lambda p, s: 2 * float(torch.Size(_gn_shape(p)).numel()) * s,
+        bytes_fb=lambda p, s: 5 * float(torch.Size(_gn_shape(p)).numel()) * s,
+        notes="eps 1e-5, weight and bias; tokens = N x H x W",
+    ),
 }
 
 def op_names() -> List[str]:

@@ -11,15 +11,19 @@ require_triton()  # before any kernel file: a missing triton gets an ImportError
 from . import nn, registrations, tiling  # noqa: E402
 # The public functions, one line per op (registrations.PUBLIC lists them; a test checks the two agree).
 from .registrations.cross_entropy import cross_entropy  # noqa: E402
+from .registrations.dyt import dyt  # noqa: E402
 from .registrations.embedding import embedding  # noqa: E402
 from .registrations.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .registrations.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from .registrations.fused_moe import fused_moe  # noqa: E402
 from .registrations.geglu import geglu  # noqa: E402
 from .registrations.grpo_loss import grpo_loss  # noqa: E402
+from .registrations.group_norm import group_norm  # noqa: E402
 from .registrations.jsd import jsd  # noqa: E402
 from .registrations.kl_div import kl_div  # noqa: E402
 from .registrations.layer_norm import layer_norm  # noqa: E402
 from .registrations.llama4_rope import llama4_rope  # noqa: E402
+from .registrations.poly_norm import poly_norm  # noqa: E402
 from .registrations.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
 from .registrations.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from .registrations.rope import rope  # noqa: E402

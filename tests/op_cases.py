@@ -96,6 +96,23 @@ def layer_norm_reference(x, weight, bias, eps=1e-5):
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def dyt_reference(x, alpha, gamma, beta=None):
+    y = gamma * torch.tanh(alpha * x)
+    return y if beta is None else y + beta
+
+
+def poly_norm_reference(x, weight, bias, eps=1e-6):
+    """PolyCom's PolyNorm (Liger's test reference)."""
+    def norm(u):
+        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps)
+
+    return weight[0] * norm(x ** 3) + weight[1] * norm(x ** 2) + weight[2] * norm(x) + bias
+
+
+def group_norm_reference(x, weight, bias, num_groups, eps=1e-5):
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
 def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     return F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
                            label_smoothing=label_smoothing)
@@ -196,6 +213,22 @@ def _grpo_case():
             randn((2, 3), scale=0.1) - 2.4, 0.9, 0.04, 0.2, 0.28, "grpo")
 
 
+def fused_moe_reference(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
+    """transformers' ``MixtralExperts.forward`` (its loop over the experts hit, in plain torch; an index equal to E
+    is skipped)."""
+    experts = gate_up_proj.shape[0]
+    out = torch.zeros_like(x)
+    mask = F.one_hot(top_k_index.long(), num_classes=experts + 1).permute(2, 1, 0)
+    for e in range(experts):
+        top_k_pos, token_idx = torch.where(mask[e])
+        if token_idx.numel() == 0:
+            continue
+        gate, up = F.linear(x[token_idx], gate_up_proj[e]).chunk(2, dim=-1)
+        rows = F.linear(F.silu(gate) * up, down_proj[e]) * top_k_weights[token_idx, top_k_pos, None]
+        out = out.index_add(0, token_idx, rows.to(out.dtype))
+    return out
+
+
 CASES = {
     "geglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), gelu_tanh_product),
     "swiglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), silu_product),
@@ -214,6 +247,9 @@ CASES = {
     "fused_add_rms_norm": OpCase(lambda: (randn((3, 16)), randn((3, 16)), randn((16,))), (0, 1, 2),
                                  fused_add_rms_norm_reference),
     "layer_norm": OpCase(lambda: (randn((3, 16)), randn((16,)), randn((16,))), (0, 1, 2), layer_norm_reference),
+    "dyt": OpCase(lambda: (randn((3, 16)), randn((1,)), randn((16,)), randn((16,))), (0, 1, 2, 3), dyt_reference),
+    "poly_norm": OpCase(lambda: (randn((3, 16)), randn((3,)), randn((1,))), (0, 1, 2), poly_norm_reference),
+    "group_norm": OpCase(lambda: (randn((2, 6, 5)), randn((6,)), randn((6,)), 3), (0, 1, 2), group_norm_reference),
     # class weights and label smoothing: every tensor argument of the row kernel is drawn in every layout
     "cross_entropy": OpCase(lambda: (randn((4, 10)), index((4,), 10), class_weight(10), -100, "mean", 0.1), (0,),
                             cross_entropy_reference),
@@ -227,6 +263,9 @@ CASES = {
     "fused_linear_jsd": OpCase(lambda: (randn((4, 8)), randn((10, 8)), randn((4, 6)), randn((10, 6)), None, 0.5,
                                         -100, 2.0), (0, 1), fused_linear_jsd_reference),
     "grpo_loss": OpCase(_grpo_case, (0,), grpo_loss_reference),
+    # 3 experts, intermediate 8; index 3 (= E) is a slot served elsewhere
+    "fused_moe": OpCase(lambda: (randn((5, 16)), randn((3, 16, 16), scale=0.3), randn((3, 16, 8), scale=0.3),
+                                 index((5, 2), 4), randn((5, 2)).softmax(-1)), (0, 1, 2, 4), fused_moe_reference),
 }
 OPS = sorted(CASES)
 

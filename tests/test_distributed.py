@@ -408,6 +408,44 @@ def _flce_chunks_of(rows):
 
 
 @case
+def dyt_poly_group_norm_ops(env):
+    """dyt and poly_norm: rows (any leading dim) sharded or replicated without communication, every parameter
+    gradient Partial; a sharded last dim is gathered first. group_norm: the batch sharded or replicated; sharded
+    channels or positions are gathered first (exact)."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    x = env.randn(4, 6, 16, seed=30)
+    alpha, gamma, beta = env.randn(1, seed=31), env.randn(16, seed=32), env.randn(16, seed=33)
+    rows = [(R, (R,), True), (S(0), (S(0),), True), (S(1), (S(1),), True), (S(2), None, False)]
+    check_sharded(env, lambda x_, a_, g_, b_: npu_liger.dyt(x_, a_, g_, b_), (x, alpha, gamma, beta),
+                  [layout(pl, R, R, R, out=out, no_comm=nc) for pl, out, nc in rows], grads=(0, 1, 2, 3))
+    check_sharded(env, lambda x_, a_, g_: npu_liger.dyt(x_, a_, g_), (x, alpha, gamma),
+                  [layout(S(0), R, R, out=(S(0),))], grads=(0, 1, 2))
+    weight, bias = env.randn(3, seed=34), env.randn(1, seed=35)
+    check_sharded(env, lambda x_, w_, b_: npu_liger.poly_norm(x_, w_, b_), (x, weight, bias),
+                  [layout(pl, R, R, out=out, no_comm=nc) for pl, out, nc in rows], grads=(0, 1, 2))
+    xg, wg, bg = env.randn(4, 6, 5, 3, seed=36), env.randn(6, seed=37), env.randn(6, seed=38)
+    check_sharded(env, lambda x_, w_, b_: npu_liger.group_norm(x_, w_, b_, 3), (xg, wg, bg), [
+        layout(R, R, R, out=(R,)), layout(S(0), R, R, out=(S(0),)), layout(S(1), R, R, no_comm=False),
+        layout(S(2), R, R, no_comm=False)], grads=(0, 1, 2))
+    check_sharded(env, lambda x_: npu_liger.group_norm(x_, None, None, 2), (xg,), [layout(S(0), out=(S(0),))],
+                  grads=(0,))
+    # the backward ops with a Partial incoming gradient stay Partial
+    g, gg = env.randn(4, 6, 16, seed=39), env.randn(4, 6, 5, 3, seed=40)
+    for op, grad, args in ((torch.ops.npu_liger.dyt_backward, g, (x, alpha, gamma, beta)),
+                           (torch.ops.npu_liger.poly_norm_backward, g, (x, weight, bias, 1e-6)),
+                           (torch.ops.npu_liger.group_norm_backward, gg, (xg, wg, bg, 3, 1e-5))):
+        got = op(_from_local(env, grad / env.world, P),
+                 *[_from_local(env, a, R) if isinstance(a, torch.Tensor) else a for a in args])
+        assert all(t.placements == (P,) for t in got), [t.placements for t in got]
+        for a, e in zip(got, op(grad, *args), strict=True):
+            torch.testing.assert_close(a.full_tensor(), e)
+
+
+@case
 def loss_ops(env):
     """cross_entropy and fused_linear_cross_entropy with ignored rows on both shards: tokens sharded (S(0)) run
     without communication for ``none`` (-> S(0)) and ``sum`` (-> P, weight/bias grads P); ``mean`` needs the
@@ -435,6 +473,27 @@ def loss_ops(env):
                 layout(R, R, R, R, out=(R,)), layout(S(0), R, S(0), R, out=tokens, no_comm=tokens is not None),
                 layout(R, S(0), R, S(0), no_comm=False)],  # a vocab-parallel lm_head (ColwiseParallel): gathered
                 grads=(0, 1, 3))
+
+
+@case
+def fused_moe_op(env):
+    """Tokens sharded (x, index and weights S(0): data or sequence parallel) run without communication (expert
+    gradients P); tensor parallel on the intermediate dim and expert parallel on E have no exact local rule, so
+    DTensor gathers first and the result is exact (docs/DISTRIBUTED.md)."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    tokens, hidden, experts, inter, top_k = 8, 16, 3, 8, 2
+    x = env.randn(tokens, hidden, seed=40)
+    gate_up, down = env.randn(experts, 2 * inter, hidden, seed=41) / 4, env.randn(experts, hidden, inter, seed=42) / 4
+    index = torch.randint(experts + 1, (tokens, top_k), generator=torch.Generator().manual_seed(43)).to(env.device)
+    weights = env.randn(tokens, top_k, seed=44).softmax(-1)
+    check_sharded(env, npu_liger.fused_moe, (x, gate_up, down, index, weights), [
+        layout(R, R, R, R, R, out=(R,)), layout(S(0), R, R, S(0), S(0), out=(S(0),)),
+        layout(R, S(1), S(2), R, R, no_comm=False), layout(R, S(0), S(0), R, R, no_comm=False)],
+        grads=(0, 1, 2, 4))
 
 
 def _rope_inputs(env, seq=6):

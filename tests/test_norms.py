@@ -436,3 +436,14 @@ def test_cuda_kernel_variants_give_the_same_results(monkeypatch, small_ub):
                                 ("x", "weight", "bias"))
     check_against_reference(lambda x: npu_liger.layer_norm(x, None, None), lambda x: ln_reference(x, None, None),
                             (x.float(),), ("x",))
+
+
+@pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
+def test_eps_zero_weight_gradient_is_finite_with_padded_rows(norm):
+    """A tile's rows past the last one are padding (45 rows of 16 columns: several rows per tile); with eps = 0
+    their normalised values are 0 * inf = NaN, which must not reach the weight gradient's sum."""
+    x, w = randn((45, 16)), randn((16,)).requires_grad_(True)
+    x = x.requires_grad_(True)
+    out = npu_liger.rms_norm(x, w, 0.0) if norm == "rms_norm" else npu_liger.layer_norm(x, w, None, 0.0)
+    out.backward(randn(out.shape))
+    assert torch.isfinite(w.grad).all() and torch.isfinite(x.grad).all()

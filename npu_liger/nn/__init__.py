@@ -1,14 +1,19 @@
 """``nn.Module`` wrappers around the ops (MLPs, losses, embedding), one file per op."""
 
 from .cross_entropy import CrossEntropyLoss, FusedLinearCrossEntropyLoss
+from .dyt import DyT
 from .embedding import Embedding
 from .geglu import GEGLUMLP
+from .group_norm import GroupNorm
 from .grpo_loss import GRPOLoss
 from .jsd import JSD, FusedLinearJSD
 from .kl_div import KLDivLoss
+from .moe import Experts
 from .norm import LayerNorm, RMSNorm
+from .poly_norm import PolyNorm
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["CrossEntropyLoss", "Embedding", "FusedLinearCrossEntropyLoss", "FusedLinearJSD", "GEGLUMLP", "GRPOLoss",
-           "JSD", "KLDivLoss", "LayerNorm", "RMSNorm", "SwiGLUMLP", "TVDLoss"]
+__all__ = ["CrossEntropyLoss", "DyT", "Embedding", "Experts", "FusedLinearCrossEntropyLoss", "FusedLinearJSD",
+           "GEGLUMLP", "GRPOLoss", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm", "SwiGLUMLP",
+           "TVDLoss"]

@@ -121,7 +121,10 @@ def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, weight_ptr, weight_sum_ptr
             if STATS:  # the first column holding the row's maximum, as torch.argmax
                 block_best = tl.max(z, axis=0)
                 better = block_best > best
-                best_col = tl.where(better, start + tl.argmax(z, axis=0), best_col)
+                # min over the columns holding it rather than tl.argmax, which bishengir-compile-a5 (Ascend950)
+                # refuses ("Failed to run BiShengHIR pipeline"; found by the Ascend check)
+                first = tl.min(tl.where(z == block_best, cols, 2147483647), axis=0)
+                best_col = tl.where(better, first, best_col)
                 best = tl.where(better, block_best, best)
         # An ignored row has d = 0: log(1) keeps it finite. No clamp on d itself: a NaN or +inf logit makes d NaN
         # and must reach the loss (a clamp through maximum() drops NaN on GPUs and hid a diverged run as a finite

@@ -148,7 +148,7 @@ def _layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
             mean_gx = tl.sum(g * xhat, axis=1)[:, None] / n_cols
             dx = (g - mean_g - xhat * mean_gx) * rstd
             tl.store(dx_ptr + rows * n_cols + col_ids, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            dw_acc += dy * xhat
+            dw_acc += tl.where(mask, dy * xhat, 0.0)  # a padded row's xhat is 0 * inf = NaN when eps is 0
             db_acc += dy
         tl.store(dw_row + p_cols, tl.sum(dw_acc, axis=0), mask=p_cols < n_cols)
         tl.store(db_row + p_cols, tl.sum(db_acc, axis=0), mask=p_cols < n_cols)

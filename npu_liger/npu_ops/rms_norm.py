@@ -177,7 +177,8 @@ def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, n
             if HAS_GRAD_SUM:
                 dx += tl.load(ds_ptr + rows * ds_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
             tl.store(dx_ptr + rows * n_cols + col_ids, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            dw_acc += dy * _rms_weight_factor(n, x_ptr, CASTING)  # masked rows and columns add 0
+            # masked rows and columns add 0: selected, since a padded row's n is 0 * inf = NaN when eps is 0
+            dw_acc += tl.where(mask, dy * _rms_weight_factor(n, x_ptr, CASTING), 0.0)
         tl.store(dw_row + dw_cols, tl.sum(dw_acc, axis=0), mask=dw_cols < n_cols)
     else:  # one row in chunks: pass 1 rstd, pass 2 sum(g * x), pass 3 dx and dW (dw_ptr zero-initialised)
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):

@@ -9,7 +9,8 @@
     nlt.unpatch(model); nlt.revert()              # and back
 
 Families: Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 (text), Qwen2-VL, Qwen2.5-VL and Qwen3-VL (text
-models), Llama-4 (text).
+models), Llama-4 (text); MoE (experts -> ``fused_moe``): Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4-MoE,
+Qwen3-VL-MoE and Qwen3.5-MoE (text models), HunYuan-MoE, and Llama-4's experts.
 Drop-in functions with transformers' signatures: ``apply_rotary_pos_emb``, ``apply_multimodal_rotary_pos_emb``
 (Qwen2-VL), ``apply_rotary_emb`` (Llama-4). ``count_npu_liger_ops()`` shows which ops really ran.
 
@@ -31,8 +32,9 @@ def _family_patcher(name: str, title: str):
         apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding, norm=norm, loss=loss)
 
     patch.__name__ = patch.__qualname__ = f"apply_npu_liger_to_{name}"
+    experts = " and experts" if FAMILIES[name].expert_classes else ""
     patch.__doc__ = (f"Patch {title} before building models: its rotary function now (module-wide), and its "
-                     f"MLPs{' and experts' if name == 'llama4' else ''} and norms (and, with ``embedding=True``, the "
+                     f"MLPs{experts} and norms (and, with ``embedding=True``, the "
                      f"input embedding) of every model constructed afterwards, and (``loss``) the training loss of "
                      f"its causal LMs through fused linear cross entropy. ``revert({name!r})`` undoes it.")
     return patch
@@ -49,6 +51,14 @@ apply_npu_liger_to_qwen2_vl = _family_patcher("qwen2_vl", "Qwen2-VL (text model)
 apply_npu_liger_to_qwen2_5_vl = _family_patcher("qwen2_5_vl", "Qwen2.5-VL (text model)")
 apply_npu_liger_to_qwen3_vl = _family_patcher("qwen3_vl", "Qwen3-VL (text model)")
 apply_npu_liger_to_llama4 = _family_patcher("llama4", "Llama-4 (text model)")
+apply_npu_liger_to_mixtral = _family_patcher("mixtral", "Mixtral")
+apply_npu_liger_to_qwen2_moe = _family_patcher("qwen2_moe", "Qwen2-MoE")
+apply_npu_liger_to_qwen3_moe = _family_patcher("qwen3_moe", "Qwen3-MoE")
+apply_npu_liger_to_olmoe = _family_patcher("olmoe", "OLMoE")
+apply_npu_liger_to_glm4_moe = _family_patcher("glm4_moe", "GLM-4-MoE")
+apply_npu_liger_to_qwen3_vl_moe = _family_patcher("qwen3_vl_moe", "Qwen3-VL-MoE (text model)")
+apply_npu_liger_to_qwen3_5_moe = _family_patcher("qwen3_5_moe", "Qwen3.5-MoE (text model)")
+apply_npu_liger_to_hunyuan_v1_moe = _family_patcher("hunyuan_v1_moe", "HunYuan-MoE")
 
 __all__ = [
     "FAMILIES",

@@ -54,6 +54,13 @@ def _family(name, model_cls, mlp_cls, act_attr="hidden_act", **kw) -> Family:
     return Family(name, f"transformers.models.{name}.modeling_{name}", act_attr, (model_cls,), (mlp_cls,), **kw)
 
 
+def _moe_family(name, model_cls, mlp_cls, experts_cls, **kw) -> Family:
+    """A MoE family of transformers 5.x: its stacked experts (3-D ``gate_up_proj``/``down_proj``) run
+    ``fused_moe``; its dense/shared-expert MLP class (if any) the gated-MLP patch; router and block stay HF's."""
+    return Family(name, f"transformers.models.{name}.modeling_{name}", "hidden_act", (model_cls,),
+                  (mlp_cls,) if mlp_cls else (), (experts_cls,), **kw)
+
+
 FAMILIES = {
     f.name: f
     for f in (
@@ -71,6 +78,15 @@ FAMILIES = {
         _family("qwen3_vl", "Qwen3VLTextModel", "Qwen3VLTextMLP"),
         _family("llama4", "Llama4TextModel", "Llama4TextMLP", expert_classes=("Llama4TextExperts",),
                 rope=LLAMA4_ROPE),
+        _moe_family("mixtral", "MixtralModel", None, "MixtralExperts"),
+        _moe_family("qwen2_moe", "Qwen2MoeModel", "Qwen2MoeMLP", "Qwen2MoeExperts"),
+        _moe_family("qwen3_moe", "Qwen3MoeModel", "Qwen3MoeMLP", "Qwen3MoeExperts"),
+        _moe_family("olmoe", "OlmoeModel", "OlmoeMLP", "OlmoeExperts"),
+        # partial rotary (rotary dims first, the rest passed through) written differently: rope left to transformers
+        _moe_family("glm4_moe", "Glm4MoeModel", "Glm4MoeMLP", "Glm4MoeExperts", rope=()),
+        _moe_family("qwen3_vl_moe", "Qwen3VLMoeTextModel", "Qwen3VLMoeTextMLP", "Qwen3VLMoeTextExperts"),
+        _moe_family("qwen3_5_moe", "Qwen3_5MoeTextModel", "Qwen3_5MoeMLP", "Qwen3_5MoeExperts", rope=()),  # as GLM
+        _moe_family("hunyuan_v1_moe", "HunYuanMoEV1Model", "HunYuanMoEV1MLP", "HunYuanMoEV1Experts"),
     )
 }
 FAMILY_BY_MODULE = {f.module: f for f in FAMILIES.values()}

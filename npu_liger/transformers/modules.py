@@ -1,4 +1,5 @@
-"""Per-instance patches of transformers modules: gated MLPs, Llama-4 experts, input embeddings.
+"""Per-instance patches of transformers modules: gated MLPs, stacked experts (transformers 5.x's MoE experts and
+Llama-4's, through ``npu_liger.fused_moe``), input embeddings.
 
 A patched module gets its own ``forward`` (an instance attribute shadowing the class's), so only that module
 changes, its parameters and state dict stay as they are, and ``_patching.restore_instance`` undoes it.
@@ -57,6 +58,15 @@ def _gated_op_name(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
 _MLP_PATTERNS = ("self.act_fn(self.gate_proj(x))*self.up_proj(x)",
                  "self.activation_fn(self.gate_proj(x))*self.up_proj(x)")
 _EXPERTS_PATTERNS = ("torch.bmm(hidden_states,self.gate_up_proj)", "up*self.act_fn(gate)", "self.down_proj)")
+# transformers 5.x's experts loop (MixtralExperts.forward, copied by Qwen2/3-MoE, OLMoE, GLM-4-MoE, ...)
+_MOE_EXPERTS_PATTERNS = ("nn.functional.linear(current_state,self.gate_up_proj[expert_idx]).chunk(2,dim=-1)",
+                         "current_hidden_states=self.act_fn(gate)*up",
+                         "nn.functional.linear(current_hidden_states,self.down_proj[expert_idx])",
+                         "current_hidden_states*top_k_weights[token_idx,top_k_pos,None]",
+                         "ifexpert_idx==self.num_experts:continue")
+# use_experts_implementation's flags under which the stored layout is the one fused_moe reads
+_MOE_LAYOUT = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+               "has_post_expert_norm": False}
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,17 +97,38 @@ def _swiglu_mlp_forward(self, x):
     return gated_down_proj("swiglu", self.gate_proj(x), self.up_proj(x), self.down_proj)
 
 
-def _swiglu_experts_forward(self, hidden_states):
-    """Llama-4 ``Llama4TextExperts.forward`` with ``up * act(gate)`` fused (silu experts)."""
-    hidden_states = hidden_states.view(self.gate_up_proj.shape[0], -1, self.hidden_size)
-    gate, up = torch.bmm(hidden_states, self.gate_up_proj).chunk(2, dim=-1)
-    out = torch.bmm(npu_liger.swiglu(gate, up), self.down_proj)
-    return out.view(-1, self.hidden_size)
+def _fused_moe_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers 5.x's ``<Family>Experts.forward`` (silu experts, 3-D ``gate_up_proj``/``down_proj``) as one
+    ``npu_liger.fused_moe``; under autocast or with hidden states in another dtype than the weights (which
+    transformers' ``F.linear`` would cast) the class's own forward runs."""
+    if hidden_states.dtype != self.gate_up_proj.dtype or torch.is_autocast_enabled(hidden_states.device.type):
+        return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
+    k = top_k_index.shape[-1]
+    out = npu_liger.fused_moe(hidden_states.reshape(-1, hidden_states.shape[-1]), self.gate_up_proj,
+                              self.down_proj, top_k_index.reshape(-1, k), top_k_weights.reshape(-1, k))
+    return out.view(hidden_states.shape)
+
+
+def _fused_moe_llama4_experts_forward(self, hidden_states):
+    """Llama-4's ``Llama4TextExperts.forward``: every expert on its own block of ``hidden_states`` (the MoE block
+    routes densely, the router's scores already multiplied in), i.e. ``fused_moe`` with expert ``r // T`` for row
+    r and weight 1, on the transposed views of its (E, H, 2I) / (E, I, H) weights."""
+    if hidden_states.dtype != self.gate_up_proj.dtype or torch.is_autocast_enabled(hidden_states.device.type):
+        return type(self).forward(self, hidden_states)
+    experts = self.gate_up_proj.shape[0]
+    rows = hidden_states.view(-1, self.hidden_size)
+    index = torch.div(torch.arange(rows.shape[0], device=rows.device), max(rows.shape[0] // experts, 1),
+                      rounding_mode="floor").unsqueeze(1)
+    weights = torch.ones((rows.shape[0], 1), dtype=rows.dtype, device=rows.device)
+    return npu_liger.fused_moe(rows, self.gate_up_proj.transpose(1, 2), self.down_proj.transpose(1, 2), index,
+                               weights)
 
 
 _MLP_FORWARDS = {"geglu": _geglu_mlp_forward, "swiglu": _swiglu_mlp_forward}
-_EXPERT_FORWARDS = {"swiglu": _swiglu_experts_forward}
-PATCHED_FORWARDS = frozenset([*_MLP_FORWARDS.values(), *_EXPERT_FORWARDS.values()])
+_EXPERT_FORWARDS = {"fused_moe": _fused_moe_experts_forward}
+_FORWARD_OPS = {**{f: op for table in (_MLP_FORWARDS, _EXPERT_FORWARDS) for op, f in table.items()},
+                _fused_moe_llama4_experts_forward: "fused_moe"}
+PATCHED_FORWARDS = frozenset(_FORWARD_OPS)
 
 
 def _patch_forward(module: nn.Module, forward) -> None:
@@ -114,12 +145,7 @@ def patched_function(module: nn.Module):
 
 def patched_op(module: nn.Module) -> Optional[str]:
     """The npu_liger op a patched module runs (None if unpatched)."""
-    func = patched_function(module)
-    for table in (_MLP_FORWARDS, _EXPERT_FORWARDS):
-        for op, f in table.items():
-            if func is f:
-                return op
-    return None
+    return _FORWARD_OPS.get(patched_function(module))
 
 
 def patch_gated_mlp(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
@@ -132,18 +158,34 @@ def patch_gated_mlp(module: nn.Module, act_name: Optional[str]) -> Optional[str]
     return op
 
 
+def _moe_layout_known(module: nn.Module) -> bool:
+    """transformers' ``use_experts_implementation`` flags say the weights are stored as fused_moe reads them."""
+    odd = {flag: getattr(module, flag) for flag, want in _MOE_LAYOUT.items()
+           if getattr(module, flag, want) != want}
+    if odd:
+        warnings.warn(f"npu_liger: {type(module).__name__} stores its experts differently ({odd}); left unpatched",
+                      stacklevel=4)
+    return not odd
+
+
 def patch_experts(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
-    """Llama-4's stacked experts: ``bmm(up * act(gate), down_proj)`` with the product fused (silu only)."""
-    if not _forward_is_known(module, _EXPERTS_PATTERNS, require_all=True):
+    """Stacked silu experts -> ``npu_liger.fused_moe``: transformers 5.x's experts loop (``MixtralExperts``
+    and its copies: Qwen2/3-MoE, OLMoE, GLM-4-MoE, Qwen3-VL-MoE, Qwen3.5-MoE, HunYuan-MoE) and Llama-4's dense
+    ``bmm(up * act(gate), down_proj)``. Returns "fused_moe", or None (left alone, with a warning)."""
+    source = _forward_source(type(module))
+    moe_loop = source is not None and all(p in source for p in _MOE_EXPERTS_PATTERNS)
+    llama4 = source is not None and all(p in source for p in _EXPERTS_PATTERNS)
+    if not (moe_loop or llama4):
+        _forward_is_known(module, _MOE_EXPERTS_PATTERNS, require_all=True)  # warns
         return None
-    op = _gated_op_name(module, act_name)
-    if op is not None and op not in _EXPERT_FORWARDS:
-        warnings.warn(f"npu_liger: no fused experts path for {op}; {type(module).__name__} left unpatched",
+    op = _gated_op_name(module, act_name)  # warns for activations without a kernel
+    if op not in (None, "swiglu"):
+        warnings.warn(f"npu_liger: fused_moe computes silu experts; {type(module).__name__} ({op}) left unpatched",
                       stacklevel=3)
-        op = None
-    if op is not None:
-        _patch_forward(module, _EXPERT_FORWARDS[op])
-    return op
+    if op != "swiglu" or (moe_loop and not _moe_layout_known(module)):
+        return None
+    _patch_forward(module, _fused_moe_experts_forward if moe_loop else _fused_moe_llama4_experts_forward)
+    return "fused_moe"
 
 
 def _embedding_forward(self, input_ids):

@@ -1,6 +1,6 @@
 """Per-instance patches of the norms in transformers models: every family's RMSNorm class -> ``npu_liger.rms_norm``
-with the casting mode that reproduces its rounding, and ``torch.nn.LayerNorm`` (vision towers) ->
-``npu_liger.layer_norm``.
+with the casting mode that reproduces its rounding, ``torch.nn.LayerNorm`` (vision towers) -> ``npu_liger.layer_norm``
+and ``torch.nn.GroupNorm`` (convolutional vision and audio encoders) -> ``npu_liger.group_norm``.
 
 Each class's forward source is checked against the computation npu_liger reproduces (as ``modules.py`` does for
 MLPs): a transformers release that changed it is left alone, with a warning.
@@ -45,6 +45,10 @@ def _layer_norm_forward(self, x):
     return npu_liger.layer_norm(x, self.weight, self.bias, self.eps)
 
 
+def _group_norm_forward(self, x):
+    return npu_liger.group_norm(x, self.weight, self.bias, self.num_groups, self.eps)
+
+
 # Fragments of each class's forward (and ``_norm``) source, whitespace removed, that must all be present.
 _LLAMA_SOURCE = ("hidden_states.to(torch.float32)", "variance=hidden_states.pow(2).mean(-1,keepdim=True)",
                  "hidden_states*torch.rsqrt(variance+self.variance_epsilon)",
@@ -64,7 +68,7 @@ RMS_NORM_CLASSES: Dict[str, Tuple] = {
     "Llama4TextRMSNorm": (_llama4_rms_forward, _LLAMA4_SOURCE),
 }
 NORM_OPS = {_llama_rms_forward: "rms_norm", _llama4_rms_forward: "rms_norm", _gemma_rms_forward: "rms_norm",
-            _layer_norm_forward: "layer_norm"}
+            _layer_norm_forward: "layer_norm", _group_norm_forward: "group_norm"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,9 +92,11 @@ def _known(module: nn.Module, fragments) -> bool:
     return False
 
 
-def patch_norms(root: nn.Module, *, layer_norm: bool = True) -> int:
-    """Patch every known RMSNorm of a supported family under ``root`` and, with ``layer_norm``, every plain
-    ``torch.nn.LayerNorm`` over one dim (elementwise affine or not); returns how many modules were patched."""
+def patch_norms(root: nn.Module, *, layer_norm: bool = True, group_norm: bool = True) -> int:
+    """Patch every known RMSNorm of a supported family under ``root``, with ``layer_norm`` every plain
+    ``torch.nn.LayerNorm`` over one dim (elementwise affine or not) and with ``group_norm`` every plain
+    ``torch.nn.GroupNorm`` (affine or not; subclasses, which may change forward, are left alone); returns how many
+    modules were patched."""
     patched = 0
     for module in root.modules():
         cls = type(module)
@@ -103,6 +109,9 @@ def patch_norms(root: nn.Module, *, layer_norm: bool = True) -> int:
         elif layer_norm and cls is nn.LayerNorm and len(module.normalized_shape) == 1:
             _patch_forward(module, _layer_norm_forward)
             patched += 1
+        elif group_norm and cls is nn.GroupNorm:
+            _patch_forward(module, _group_norm_forward)
+            patched += 1
     return patched
 
 
@@ -112,7 +121,8 @@ def patched_norm_op(module: nn.Module) -> Optional[str]:
 
 
 def norm_summary(model: nn.Module) -> Dict[str, int]:
-    """``{"rms_norm": n, "layer_norm": m}`` for the patched norms of ``model`` (ops that run none are omitted)."""
+    """``{"rms_norm": n, "layer_norm": m, "group_norm": k}`` for the patched norms of ``model`` (ops that run none
+    are omitted)."""
     return dict(Counter(op for op in map(patched_norm_op, model.modules()) if op is not None))
 
 

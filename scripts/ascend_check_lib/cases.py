@@ -219,6 +219,44 @@ def _norm(rows, cols, weight=True, bias=True, casting_mode="llama", offset=0.0):
     return build
 
 
+def _dyt(rows, cols, beta=True, param_dtype=None):
+    """x (rows, cols), alpha (1,), gamma and beta (cols,) (in ``param_dtype`` when given: fp32 with half x)."""
+    def build(dtype):
+        p = param_dtype or dtype
+        return {"x": _e(rows, cols, dtype=dtype), "grad_out": _e(rows, cols, dtype=dtype), "alpha": _e(1, dtype=p),
+                "gamma": _e(cols, dtype=p), "beta": _e(cols, dtype=p) if beta else None}
+    return build
+
+
+def _poly_norm(rows, cols):
+    def build(dtype):
+        return {"x": _e(rows, cols, dtype=dtype), "grad_out": _e(rows, cols, dtype=dtype), "weight": _e(3, dtype=dtype),
+                "bias": _e(dtype=dtype), "eps": 1e-6}
+    return build
+
+
+def _group_norm(shape, num_groups, affine=True):
+    """x of ``shape`` (N, C, *) in ``num_groups`` groups, weight and bias (C,) unless not ``affine``."""
+    def build(dtype):
+        channels = shape[1]
+        return {"x": _e(*shape, dtype=dtype), "grad_out": _e(*shape, dtype=dtype), "num_groups": num_groups,
+                "weight": _e(channels, dtype=dtype) if affine else None,
+                "bias": _e(channels, dtype=dtype) if affine else None, "eps": 1e-5}
+    return build
+
+
+def _moe(tokens, hidden, experts, top_k, inter, index_dtype):
+    """fused_moe's inputs (HF experts layout); the index zeros (every slot on expert 0: the launch shapes depend
+    on T, K and E only)."""
+    def build(dtype):
+        return {"x": _e(tokens, hidden, dtype=dtype), "gate_up_proj": _e(experts, 2 * inter, hidden, dtype=dtype),
+                "down_proj": _e(experts, hidden, inter, dtype=dtype),
+                "top_k_index": torch.zeros((tokens, top_k), dtype=index_dtype),
+                "top_k_weights": _e(tokens, top_k, dtype=dtype), "grad_out": _e(tokens, hidden, dtype=dtype),
+                "gate_up_out": _e(tokens * top_k, 2 * inter, dtype=dtype)}
+    return build
+
+
 _RMS_CALLS = [Call("fwd", "rms_norm_forward"), Call("bwd", "rms_norm_backward"),
               Call("fused-fwd", "fused_add_rms_norm_forward"), Call("fused-bwd", "fused_add_rms_norm_backward")]
 
@@ -260,6 +298,10 @@ OPS: List[Op] = [
                     Problem("q/k norm 524288x128 gemma", _norm(4 * 4096 * 32, 128, casting_mode="gemma", offset=1.0)),
                     Problem("7x131 none", _norm(7, 131, casting_mode="none")), Problem("3x20000", _norm(3, 20000))],
        _RMS_CALLS),
+    # Qwen3-MoE-like (Qwen3-30B-A3B: H 2048, 128 experts of I 768; here E 64), odd small, top-1
+    Op("fused_moe", [Problem("T8192 H2048 E64 K8 I768", _moe(8192, 2048, 64, 8, 768, torch.int64), bench=True),
+                     Problem("T7 H129 E3 K2 I33 i32", _moe(7, 129, 3, 2, 33, torch.int32)),
+                     Problem("T5 H64 E4 K1 I16", _moe(5, 64, 4, 1, 16, torch.int64))]),
     Op("layer_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
                       Problem("1280x1280 no bias", _norm(1280, 1280, bias=False)),
                       Problem("7x131 no affine", _norm(7, 131, weight=False, bias=False))]),
@@ -283,6 +325,21 @@ OPS: List[Op] = [
         Problem("b2 l7 V1001 no old, no ref", _grpo(2, 7, 1001, 0, False, False, False)),
         Problem("b3 l5+1 V77 mask ref", _grpo(3, 5, 77, 1, True, False, True))],
        [Call("fwd", "grpo_loss_forward"), Call("fwd+grad", "grpo_loss_forward", adapter=_grpo_with_grad)]),
+    # DyT: rows split over column blocks (8192, 20000), narrow rows packed per tile (64), fp32 parameters, no beta
+    Op("dyt", [Problem("16384x8192", _dyt(16384, 8192), bench=True), Problem("7x131 no beta", _dyt(7, 131, beta=False)),
+               Problem("4096x64 fp32 params", _dyt(4096, 64, param_dtype=torch.float32)),
+               Problem("3x20000", _dyt(3, 20000))]),
+    # PolyNorm: whole rows (8192 forward, 2048, narrow 128), looped rows (8192 backward), odd
+    Op("poly_norm", [Problem("16384x8192", _poly_norm(16384, 8192), bench=True),
+                     Problem("8192x2048", _poly_norm(8192, 2048)), Problem("65536x128", _poly_norm(65536, 128)),
+                     Problem("7x131", _poly_norm(7, 131))]),
+    # GroupNorm: large groups looped over channels (64x64 positions), whole small groups, positions looped
+    # (1 channel per group of 128x128), no spatial dims, no affine
+    Op("group_norm", [Problem("N32 C512 64x64 G32", _group_norm((32, 512, 64, 64), 32), bench=True),
+                      Problem("N4 C32 128x128 G32", _group_norm((4, 32, 128, 128), 32)),
+                      Problem("N8 C64 7x7 G8", _group_norm((8, 64, 7, 7), 8)),
+                      Problem("N16 C4096 G1 (no spatial)", _group_norm((16, 4096), 1)),
+                      Problem("N3 C6 5x3 G3 no affine", _group_norm((3, 6, 5, 3), 3, affine=False))]),
 ]
 
 

@@ -1,0 +1,299 @@
+"""GroupNorm: ``F.group_norm(x, num_groups, weight, bias, eps)`` for x (N, C, *), statistics in fp32.
+
+x is viewed as N * G group rows of L = (C / G) * HW elements (HW: the product of the dims after C), each row a
+(C / G, HW) block of channels; per group row, with K its first element,
+
+    d = sum(x - K) / L,  xc = (x - K) - d  (= x - mean),  var = sum(xc^2) / L  (two passes, centred),
+    y = xc * rsqrt(var + eps) * weight[c] + bias[c]   (weight 1 / bias 0 when absent), rounded once.
+
+The shift by K keeps the statistics accurate when |mean| >> std: x - K is exact for x within a factor 2 of K,
+and the mean is never rounded to fp32 on its own (at mean 1000, std 1 the result is within 2e-7 of float64,
+where an fp32 mean, torch's own included, leaves 4e-5).
+
+Backward, with xhat = (x - mean) * rstd and g = dy * weight[c], means over the group:
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight[c] = sum over n and HW of dy * xhat,  dbias[c] = sum
+    of dy
+mean and rstd are recomputed from x. Each group row (n, g) writes its channels' shares of dweight and dbias to
+row n of an (N, C) fp32 buffer (every element written exactly once: no atomics, no read-modify-write); the host
+sums it over n in a fixed order (deterministic). That buffer holds N * C floats, at most x's element count.
+
+Tiles are (BLOCK_C channels, BLOCK_HW positions) of one group (``plan_groups``): a weight/bias chunk is a BLOCK_C
+vector broadcast along the positions. A group that fits one tile is read once (forward) / once each of x and dy
+(backward); a larger group loops over its chunks: forward 3 passes (mean, variance, normalise), backward 3
+(mean; variance, sum(g), sum(g * (x - mean)); dx with the parameter gradients).
+
+Memory analysis (fp32 elements per (BLOCK_C x BLOCK_HW) tile; the channel parameters are BLOCK_C vectors):
+- forward: x as loaded, x - K, x - mean, its square, y before the cast (the looped path: the running sum
+  instead of y) -> 5.0 (Ascend910B3: 192 KiB * 0.8 / (5 * 4 B) = 7864 -> 4096 elements);
+- backward: x, dy, xhat, g, g * xhat, dy * xhat, dx -> 8.0 (4915 -> 4096 elements).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..tiling import TileRequest, memoised_plan, plan_launch
+from ._norm import as_rows, check_eps, check_grad, param_row
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, new_like, program_start,
+                      require_launchable)
+
+FORWARD_MEMORY_MULTIPLIER = 5.0
+BACKWARD_MEMORY_MULTIPLIER = 8.0
+MAX_GROUP_ELEMENTS = 2**31 - 1  # offsets inside a group row are int32
+
+
+class GroupTiles(NamedTuple):
+    block_c: int  # BLOCK_C: channels per tile
+    block_hw: int  # BLOCK_HW: positions per tile
+    whole: bool  # a group fits one tile
+    grid: int
+    options: dict
+
+
+@memoised_plan
+def plan_groups(device_type: str, n_groups: int, channels: int, positions: int,
+                memory_multiplier: float) -> GroupTiles:
+    """Tiles and grid for ``n_groups`` group rows of ``channels`` x ``positions``: the positions first (as many as
+    fit, up to all of them), then as many channels of that width as fit. One group row per program at a time."""
+    spatial = plan_launch(device_type, TileRequest(memory_multiplier, ((positions,),), (0,), COMPUTE_DTYPE_SIZE))
+    block_hw = spatial.block
+    chans = plan_launch(device_type, TileRequest(memory_multiplier, ((channels, block_hw),), (0,),
+                                                 COMPUTE_DTYPE_SIZE))
+    block_c = chans.block
+    whole = block_hw >= positions and block_c >= channels
+    return GroupTiles(block_c, block_hw, whole, chans.grid(n_groups), chans.launch_options())
+
+
+@triton.jit
+def _total(t):
+    return tl.sum(tl.sum(t, axis=1), axis=0)
+
+
+@triton.jit
+def _channel_param(ptr, chans, mask, default, HAS: tl.constexpr):
+    """A (BLOCK_C, 1) chunk of a per-channel parameter in fp32, or ``default`` everywhere when it is absent."""
+    if HAS:
+        p = tl.load(ptr + chans, mask=mask, other=0.0).to(tl.float32)
+    else:
+        p = tl.zeros(chans.shape, dtype=tl.float32) + default
+    return p
+
+
+@triton.jit
+def _group_sum(x_row, shift, d, ch_ids, hw_ids, channels, positions, SQUARED: tl.constexpr, BLOCK_C: tl.constexpr,
+               BLOCK_HW: tl.constexpr):
+    """sum((x - shift) - d) (or, ``SQUARED``, of its square) over one group row, walked in (BLOCK_C, BLOCK_HW)
+    chunks."""
+    acc = tl.zeros((BLOCK_C, BLOCK_HW), dtype=tl.float32)
+    for c in tl.range(0, channels, BLOCK_C):
+        chans = c + ch_ids
+        for h in tl.range(0, positions, BLOCK_HW):
+            pos = h + hw_ids
+            mask = (chans < channels) & (pos < positions)
+            x = tl.load(x_row + chans * positions + pos, mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, (x - shift) - d, 0.0)
+            if SQUARED:
+                acc += xc * xc
+            else:
+                acc += xc
+    return _total(acc)
+
+
+@launched_kernel(do_not_specialize=["n_rows"])
+def _group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, num_groups, channels, positions, x_stride, eps,
+                           HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr,
+                           BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """``channels``: channels per group; ``positions``: HW; one group row (n, g) per iteration."""
+    ch_ids = tl.arange(0, BLOCK_C)[:, None]
+    hw_ids = tl.arange(0, BLOCK_HW)[None, :]
+    size = channels * positions
+    for row in tl.range(program_start(1), n_rows, grid_stride(1)):
+        x_row = x_ptr + row * x_stride
+        y_row = y_ptr + row * size
+        ch0 = (row % num_groups) * channels
+        shift = tl.load(x_row).to(tl.float32)
+        if WHOLE:  # the group in one tile: x read once
+            ch_ok = ch_ids < channels
+            mask = ch_ok & (hw_ids < positions)
+            offs = ch_ids * positions + hw_ids
+            xs = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+            xc = tl.where(mask, xs - _total(xs) / size, 0.0)
+            rstd = 1.0 / tl.sqrt(_total(xc * xc) / size + eps)
+            w = _channel_param(w_ptr, ch0 + ch_ids, ch_ok, 1.0, HAS_WEIGHT)
+            b = _channel_param(b_ptr, ch0 + ch_ids, ch_ok, 0.0, HAS_BIAS)
+            tl.store(y_row + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), mask=mask)
+        else:  # mean, variance, then normalise, each a walk over the group's chunks
+            d = _group_sum(x_row, shift, 0.0, ch_ids, hw_ids, channels, positions, False, BLOCK_C, BLOCK_HW) / size
+            var = _group_sum(x_row, shift, d, ch_ids, hw_ids, channels, positions, True, BLOCK_C, BLOCK_HW) / size
+            rstd = 1.0 / tl.sqrt(var + eps)
+            for c in tl.range(0, channels, BLOCK_C):
+                chans = c + ch_ids
+                ch_ok = chans < channels
+                w = _channel_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT) * rstd
+                b = _channel_param(b_ptr, ch0 + chans, ch_ok, 0.0, HAS_BIAS)
+                for h in tl.range(0, positions, BLOCK_HW):
+                    pos = h + hw_ids
+                    mask = ch_ok & (pos < positions)
+                    offs = chans * positions + pos
+                    x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+                    tl.store(y_row + offs, (((x - shift) - d) * w + b).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@launched_kernel(do_not_specialize=["n_rows", "dy_stride"])
+def _group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows, num_groups, channels, positions,
+                           dy_stride, x_stride, eps, HAS_WEIGHT: tl.constexpr, WHOLE: tl.constexpr,
+                           BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """dx (module docstring), and group row (n, g)'s shares of dweight and dbias into row n of dw_ptr / db_ptr
+    (N, C) at the group's channels, fp32."""
+    ch_ids = tl.arange(0, BLOCK_C)[:, None]
+    hw_ids = tl.arange(0, BLOCK_HW)[None, :]
+    p_ids = tl.arange(0, BLOCK_C)
+    size = channels * positions
+    for row in tl.range(program_start(1), n_rows, grid_stride(1)):
+        x_row = x_ptr + row * x_stride
+        dy_row = dy_ptr + row * dy_stride
+        dx_row = dx_ptr + row * size
+        ch0 = (row % num_groups) * channels
+        p_off = (row // num_groups) * (num_groups * channels) + ch0  # (n, first channel of g) in the (N, C) buffers
+        shift = tl.load(x_row).to(tl.float32)
+        if WHOLE:
+            ch_ok = ch_ids < channels
+            mask = ch_ok & (hw_ids < positions)
+            offs = ch_ids * positions + hw_ids
+            xs = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+            dy = tl.load(dy_row + offs, mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, xs - _total(xs) / size, 0.0)
+            rstd = 1.0 / tl.sqrt(_total(xc * xc) / size + eps)
+            xhat = xc * rstd
+            g = dy * _channel_param(w_ptr, ch0 + ch_ids, ch_ok, 1.0, HAS_WEIGHT)
+            mean_g = _total(g) / size
+            mean_gx = _total(g * xhat) / size
+            dx = (g - mean_g - xhat * mean_gx) * rstd
+            tl.store(dx_row + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            tl.store(dw_ptr + p_off + p_ids, tl.sum(dy * xhat, axis=1), mask=p_ids < channels)
+            tl.store(db_ptr + p_off + p_ids, tl.sum(dy, axis=1), mask=p_ids < channels)
+        else:
+            d = _group_sum(x_row, shift, 0.0, ch_ids, hw_ids, channels, positions, False, BLOCK_C, BLOCK_HW) / size
+            sum_sq = 0.0
+            sum_g = 0.0
+            sum_gxc = 0.0
+            for c in tl.range(0, channels, BLOCK_C):
+                chans = c + ch_ids
+                ch_ok = chans < channels
+                w = _channel_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT)
+                for h in tl.range(0, positions, BLOCK_HW):
+                    pos = h + hw_ids
+                    mask = ch_ok & (pos < positions)
+                    offs = chans * positions + pos
+                    xc = tl.where(mask, (tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift) - d, 0.0)
+                    g = tl.load(dy_row + offs, mask=mask, other=0.0).to(tl.float32) * w
+                    sum_sq += _total(xc * xc)
+                    sum_g += _total(g)
+                    sum_gxc += _total(g * xc)
+            rstd = 1.0 / tl.sqrt(sum_sq / size + eps)
+            mean_g = sum_g / size
+            mean_gx = sum_gxc * rstd / size
+            for c in tl.range(0, channels, BLOCK_C):
+                chans = c + ch_ids
+                ch_ok = chans < channels
+                w = _channel_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT)
+                dw_acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+                db_acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+                for h in tl.range(0, positions, BLOCK_HW):
+                    pos = h + hw_ids
+                    mask = ch_ok & (pos < positions)
+                    offs = chans * positions + pos
+                    x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+                    dy = tl.load(dy_row + offs, mask=mask, other=0.0).to(tl.float32)
+                    xhat = tl.where(mask, (x - shift) - d, 0.0) * rstd
+                    dx = (dy * w - mean_g - xhat * mean_gx) * rstd
+                    tl.store(dx_row + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                    dw_acc += tl.sum(dy * xhat, axis=1)
+                    db_acc += tl.sum(dy, axis=1)
+                p_mask = c + p_ids < channels
+                tl.store(dw_ptr + p_off + c + p_ids, dw_acc, mask=p_mask)
+                tl.store(db_ptr + p_off + c + p_ids, db_acc, mask=p_mask)
+
+
+def check_group_norm_inputs(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                            num_groups, eps) -> None:
+    check_float_tensor("x", x)
+    if x.dim() < 2:
+        raise ValueError(f"x must have at least 2 dimensions (N, C, *), got shape {tuple(x.shape)}")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, torch.SymInt)):
+        raise TypeError(f"num_groups must be an int, got {type(num_groups).__name__}")
+    if num_groups < 1:
+        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    channels = x.shape[1]
+    if channels % num_groups != 0:
+        raise ValueError(f"x's channel count {channels} (dim 1) must be divisible by num_groups={num_groups}")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is None:
+            continue
+        check_float_tensor(name, param)
+        if param.dim() != 1 or param.shape[0] != channels:
+            raise ValueError(f"{name} must have shape ({channels},) (x's dim 1), got {tuple(param.shape)}")
+        if param.device != x.device:
+            raise RuntimeError(f"{name} must be on the device of x ({x.device}), got {param.device}")
+    check_eps(eps)
+
+
+def _group_rows(x: torch.Tensor, num_groups: int) -> Tuple[int, int]:
+    """(channels per group, positions per channel) of x (N, C, *)."""
+    positions = math.prod(x.shape[2:])
+    size = x.shape[1] // num_groups * positions
+    if size > MAX_GROUP_ELEMENTS:
+        raise ValueError(f"a group of {size} elements is larger than group_norm supports ({MAX_GROUP_ELEMENTS})")
+    return x.shape[1] // num_groups, positions
+
+
+def group_norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                       num_groups: int = 1, eps: float = 1e-5) -> torch.Tensor:
+    check_group_norm_inputs(x, weight, bias, num_groups, eps)
+    y = new_like(x)
+    if x.numel() == 0:
+        return y
+    require_launchable(x.device)
+    channels, positions = _group_rows(x, num_groups)
+    x2, weight, bias = as_rows(x, channels * positions), param_row(weight), param_row(bias)
+    n_rows = x2.shape[0]
+    tiles = plan_groups(x.device.type, n_rows, channels, positions, FORWARD_MEMORY_MULTIPLIER)
+    _group_norm_fwd_kernel[(tiles.grid,)](
+        x2, weight if weight is not None else x2, bias if bias is not None else x2, y, n_rows, num_groups, channels,
+        positions, x2.stride(0), float(eps), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+        WHOLE=tiles.whole, BLOCK_C=tiles.block_c, BLOCK_HW=tiles.block_hw, **tiles.options
+    )
+    return y
+
+
+def group_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                        bias: Optional[torch.Tensor], num_groups: int,
+                        eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight, grad_bias); the parameter gradients are computed even for an absent parameter (the
+    autograd formula drops them), in the parameter's dtype, or x's when it is absent."""
+    check_group_norm_inputs(x, weight, bias, num_groups, eps)
+    check_grad("grad_out", grad_out, x.shape, x.dtype, x.device)
+    n_channels = x.shape[1]
+    dx = new_like(x)
+    w_dtype = weight.dtype if weight is not None else x.dtype
+    b_dtype = bias.dtype if bias is not None else x.dtype
+    if x.numel() == 0:  # sums over nothing
+        return (dx, torch.zeros(n_channels, dtype=w_dtype, device=x.device),
+                torch.zeros(n_channels, dtype=b_dtype, device=x.device))
+    require_launchable(x.device)
+    channels, positions = _group_rows(x, num_groups)
+    x2, dy2, weight = as_rows(x, channels * positions), as_rows(grad_out, channels * positions), param_row(weight)
+    n_rows = x2.shape[0]
+    tiles = plan_groups(x.device.type, n_rows, channels, positions, BACKWARD_MEMORY_MULTIPLIER)
+    partials = torch.empty((2, x.shape[0], n_channels), dtype=torch.float32, device=x.device)
+    _group_norm_bwd_kernel[(tiles.grid,)](
+        dy2, x2, weight if weight is not None else x2, dx, partials[0], partials[1], n_rows, num_groups, channels,
+        positions, dy2.stride(0), x2.stride(0), float(eps), HAS_WEIGHT=weight is not None, WHOLE=tiles.whole,
+        BLOCK_C=tiles.block_c, BLOCK_HW=tiles.block_hw, **tiles.options
+    )
+    return dx, partials[0].sum(0).to(w_dtype), partials[1].sum(0).to(b_dtype)  # two tensors, never views of one
