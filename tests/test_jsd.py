@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 import npu_liger
 import npu_liger.npu_ops._divergence as divergence
 from npu_liger.npu_ops._triton import flat_plan
-from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiled_forward_backward, assert_no_alias,
-                       assert_unchanged, randn, run_opcheck, snapshot)
+from checklist import (DEVICE, FLOAT_DTYPES, UNIT_ROUNDOFF, assert_close, assert_compiled_forward_backward,
+                       assert_no_alias, assert_unchanged, randn, rel_error, run_opcheck, snapshot)
 from op_cases import jsd_reference as reference
 
 jsd_op = torch.ops.npu_liger.jsd.default
@@ -20,6 +20,19 @@ BETAS = (0.0, 0.1, 0.5, 0.9, 1.0)
 ROW_SIZES = st.sampled_from([1, 2, 3, 7, 13, 41, 64])
 VOCAB_SIZES = st.sampled_from([1, 2, 7, 31, 127, 1000, 2047, 2049, 4097])
 LAYOUTS = ("contiguous", "strided", "transposed")
+
+
+def assert_grad_close(got, ref64, eager, what, extra_roundings=0.0):
+    """``checklist.assert_close`` for a gradient whose half-precision computation rounds ``extra_roundings`` more
+    times than the eager run's (DESIGN.md section 6): the losses compute their gradient in the forward pass for an
+    incoming gradient of 1 and round it there, and the backward scales that rounded gradient (by an incoming
+    gradient != 1) and rounds again (one more unit roundoff); fused_linear_jsd's grad_weight rounds once per chunk
+    sum. fp32 is unchanged: structural errors are its to catch."""
+    if got.dtype == torch.float32 or not extra_roundings:
+        return assert_close(got, ref64, eager, what=what)
+    err = rel_error(got, ref64)
+    tol = max(2.0 * rel_error(eager, ref64), UNIT_ROUNDOFF[got.dtype]) + extra_roundings * UNIT_ROUNDOFF[got.dtype]
+    assert err <= tol, f"{what} ({got.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
 
 
 def log_probs(n_rows, n_cols, dtype=torch.float32, layout="contiguous", scale=2.0):
@@ -59,7 +72,7 @@ def check(input, target, shift_labels=None, beta=0.5, ignore_index=-100, grad_sc
     (out_lp * grad_scale).backward()
     assert out.dtype == torch.float32 and out.shape == () and input.grad.dtype == input.dtype
     assert_close(out, out64, what=f"jsd (beta={beta})")
-    assert_close(input.grad, x64.grad, x_lp.grad, what=f"grad input (beta={beta})")
+    assert_grad_close(input.grad, x64.grad, x_lp.grad, f"grad input (beta={beta})", float(grad_scale != 1.0))
     if shift_labels is not None:
         assert (input.grad[shift_labels == ignore_index] == 0).all()
     return out
