@@ -34,6 +34,8 @@ rms_norm       ``transformers.functional.liger_rms_norm(x, w, eps)`` (in_place=T
 fused_add_...  ``transformers.functional.liger_fused_add_rms_norm(x, r, w, eps)``;
                ``LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", True)``
 layer_norm     ``transformers.functional.liger_layer_norm(x, w, b, eps)``; ``LigerLayerNormFunction.apply(...)``
+softmax        ``transformers.functional.liger_softmax(x)``; ``LigerSoftmaxFunction.apply(x)``
+sparsemax      ``transformers.functional.liger_sparsemax(x, -1)``; ``LigerSparsemaxFunction.apply(x, -1)``
 dyt            ``transformers.functional.liger_dyt(x, alpha, gamma, beta)``; ``LigerDyTFunction.apply(...)``
 poly_norm      ``transformers.functional.liger_poly_norm(x, w, b, eps)`` (in_place=True, LigerPolyNorm's default;
                bias 0-d as LigerPolyNorm holds it); ``LigerPolyNormFunction.apply(x, w, b, eps, True)``
@@ -101,6 +103,10 @@ _FUSED = lambda f: lambda x, r, w: tuple(f(x, r, w, 1e-6))  # noqa: E731
 _FUSED_CLS = lambda c: lambda x, r, w: tuple(c.apply(x, r, w, 1e-6, 0.0, "llama", True))  # noqa: E731
 _LN = lambda f: lambda x, w, b: (f(x, w, b, 1e-5),)  # noqa: E731
 _LN_CLS = lambda c: lambda x, w, b: (c.apply(x, w, b, 1e-5),)  # noqa: E731
+_SOFTMAX = lambda f: lambda x: (f(x),)  # noqa: E731
+_SOFTMAX_CLS = lambda c: lambda x: (c.apply(x),)  # noqa: E731
+_SPARSEMAX = lambda f: lambda x: (f(x, -1),)  # noqa: E731
+_SPARSEMAX_CLS = lambda c: lambda x: (c.apply(x, -1),)  # noqa: E731
 _DYT = lambda f: lambda x, a, g, b: (f(x, a, g, b),)  # noqa: E731
 _DYT_CLS = lambda c: lambda x, a, g, b: (c.apply(x, a, g, b),)  # noqa: E731
 _POLY = lambda f: lambda x, w, b: (f(x, w, b, 1e-6, True),)  # noqa: E731
@@ -150,6 +156,10 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
                            ("liger_kernel.ops.fused_add_rms_norm:LigerFusedAddRMSNormFunction", _FUSED_CLS)],
     "layer_norm": [(f"{F}:liger_layer_norm", _LN), ("liger_kernel.ops:LigerLayerNormFunction", _LN_CLS),
                    ("liger_kernel.ops.layer_norm:LigerLayerNormFunction", _LN_CLS)],
+    "softmax": [(f"{F}:liger_softmax", _SOFTMAX), ("liger_kernel.ops:LigerSoftmaxFunction", _SOFTMAX_CLS),
+                ("liger_kernel.ops.softmax:LigerSoftmaxFunction", _SOFTMAX_CLS)],
+    "sparsemax": [(f"{F}:liger_sparsemax", _SPARSEMAX), ("liger_kernel.ops:LigerSparsemaxFunction", _SPARSEMAX_CLS),
+                  ("liger_kernel.ops.sparsemax:LigerSparsemaxFunction", _SPARSEMAX_CLS)],
     "dyt": [(f"{F}:liger_dyt", _DYT), ("liger_kernel.ops:LigerDyTFunction", _DYT_CLS),
             ("liger_kernel.ops.dyt:LigerDyTFunction", _DYT_CLS)],
     "poly_norm": [(f"{F}:liger_poly_norm", _POLY), ("liger_kernel.ops:LigerPolyNormFunction", _POLY_CLS),

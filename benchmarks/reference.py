@@ -49,6 +49,24 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Te
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def softmax(x: Tensor) -> Tensor:
+    return torch.softmax(x, -1)
+
+
+def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
+    """The sort-based formula (Martins & Astudillo 2016) as eager code writes it: sort, cumulative sums, the support
+    size, tau, ``max(x - tau, 0)``; in fp32 (sorting and summing bf16 loses percents), the result in x's dtype.
+    ``max`` as a selection on x - tau > 0, not ``clamp``, whose gradient also passes where x == tau exactly (on bf16's
+    grid a value often sits exactly at tau): the support is where the output is positive."""
+    z = x.float().movedim(dim, -1)
+    ordered = z.sort(-1, descending=True).values
+    rank = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
+    support = 1 + rank * ordered > ordered.cumsum(-1)
+    tau = (torch.where(support, ordered, 0).sum(-1, keepdim=True) - 1) / support.sum(-1, keepdim=True)
+    shifted = z - tau
+    return torch.where(shifted > 0, shifted, 0).movedim(-1, dim).to(x.dtype)
+
+
 def dyt(x: Tensor, alpha: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
     """Dynamic Tanh as its paper (and Liger's test) writes it."""
     return gamma * torch.tanh(alpha * x) + beta

@@ -19,6 +19,10 @@ rms_norm,           x read, y written: 2 N                               + dy, x
 layer_norm
 fused_add_rms_norm  x, residual read, y, s written: 4 N                  + dy, ds, s read, dx written: 8 N
                                                                          (x and residual share one gradient)
+softmax,            x read, y written: 2 N (rows that fit one tile)      + dy, y read, dx written: 5 N
+sparsemax
+
+
 dyt, poly_norm,     x read, y written: 2 N                               + dy, x read, dx written: 5 N
 group_norm
 cross_entropy       logits read: N                                       logits read twice (a row does not fit on
@@ -360,6 +364,38 @@ def _norm_spec(name, eager, npu_args, make, fwd_n, fb_n, module, with_qk=True):
     )
 
 
+# --- softmax / sparsemax ------------------------------------------------------------------------------------
+
+def _make_rows(p, dtype, device, gen):
+    shape = p["shape"]
+    x = _randn(shape, dtype, device, gen, True, scale=2.0)
+    return Inputs((x,), (x,), (_randn(shape, dtype, device, gen),))
+
+
+def _rows_spec(name, eager, notes):
+    """An op over the last dim of (rows, cols): whole rows of 8192 (the contract's bench shape), many narrow rows
+    (attention scores over 1024 keys), and rows wider than CUDA keeps whole (65536: looped)."""
+    elems = lambda p: float(torch.Size(p["shape"]).numel())  # noqa: E731
+    return OpSpec(
+        name=name,
+        dtype=torch.bfloat16,
+        main=[dict(shape=(16384, 8192), tokens=16384), dict(shape=(65536, 1024), tokens=65536),
+              dict(shape=(2048, 65536), tokens=2048)],
+        sweep=lambda t: dict(shape=(t, 8192), tokens=t),
+        smoke=dict(shape=(6, 37), tokens=6),
+        tiny=dict(shape=(4, 64), tokens=4),
+        compile_case=lambda s: dict(shape=(2 * s, 4096), tokens=2 * s),
+        label=lambda p: "x".join(map(str, p["shape"])),
+        tokens=lambda p: p["tokens"],
+        make=_make_rows,
+        eager=eager,
+        npu_args=lambda x: (x,) if name == "softmax" else (x, -1),
+        bytes_fwd=lambda p, s: 2 * elems(p) * s,
+        bytes_fb=lambda p, s: 5 * elems(p) * s,
+        notes=notes,
+    )
+
+
 def _make_dyt(p, dtype, device, gen):
     shape, hidden = p["shape"], p["shape"][-1]
     x = _randn(shape, dtype, device, gen, True)
@@ -628,6 +664,10 @@ SPECS: Dict[str, OpSpec] = {
                              lambda p, dtype, device, gen: _make_norm(p, dtype, device, gen, bias=True), 2, 5,
                              "layer_norm", with_qk=False),
     **_distill_specs(),
+    "softmax": _rows_spec("softmax", reference.softmax, "over the last dim; x drawn as 2 * randn"),
+    "sparsemax": _rows_spec("sparsemax", reference.sparsemax,
+                            "dim -1; eager: the sort-based formula in fp32; npu_liger: bisection, no sort (compute"
+                            " grows with the 24 bisection passes)"),
     "dyt": _row_spec("dyt", reference.dyt, lambda x, a, g, b: (x, a, g, b), _make_dyt,
                      "alpha 0.5 (LigerDyT's init), gamma and beta over the last dim"),
     "poly_norm": _row_spec("poly_norm", reference.poly_norm, lambda x, w, b: (x, w, b, 1e-6), _make_poly_norm,

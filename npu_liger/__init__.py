@@ -27,6 +27,8 @@ from .registrations.poly_norm import poly_norm  # noqa: E402
 from .registrations.qwen2vl_mrope import qwen2vl_mrope  # noqa: E402
 from .registrations.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from .registrations.rope import rope  # noqa: E402
+from .registrations.softmax import softmax  # noqa: E402
+from .registrations.sparsemax import sparsemax  # noqa: E402
 from .registrations.swiglu import swiglu  # noqa: E402
 from .registrations.tvd import tvd  # noqa: E402
 from .registrations._loss import CrossEntropyOutput  # noqa: E402  (the losses' result with statistics)

@@ -213,6 +213,28 @@ def _grpo_case():
             randn((2, 3), scale=0.1) - 2.4, 0.9, 0.04, 0.2, 0.28, "grpo")
 
 
+def softmax_reference(x):
+    return torch.softmax(x, -1)
+
+
+def sparsemax_reference(x, dim=-1):
+    """The paper's algorithm (Martins & Astudillo 2016, Algorithm 1): sort, find the support size k from the
+    cumulative sums, tau = (sum of the k largest - 1) / k. Selections by ``torch.where`` (not multiplication by the
+    support mask), so -inf entries get 0 and a non-finite value outside the support does not reach the rest; a row
+    with a NaN or +inf, or of -inf only, is NaN (the op's contract). ``max(x - tau, 0)`` is a selection on
+    x - tau > 0 rather than ``clamp``, whose gradient passes at x == tau: the support is where the output is
+    positive (an entry exactly at tau, common on bf16's coarse grid, gets no gradient)."""
+    z = x.movedim(dim, -1)
+    ordered = z.sort(-1, descending=True).values
+    rank = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
+    support = 1 + rank * ordered > ordered.cumsum(-1)
+    tau = (torch.where(support, ordered, 0).sum(-1, keepdim=True) - 1) / support.sum(-1, keepdim=True)
+    defined = (z < float("inf")).all(-1, keepdim=True) & (z > float("-inf")).any(-1, keepdim=True)
+    shifted = z - tau
+    y = torch.where(defined, torch.where(shifted > 0, shifted, 0), float("nan"))
+    return y.movedim(-1, dim)
+
+
 def fused_moe_reference(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
     """transformers' ``MixtralExperts.forward`` (its loop over the experts hit, in plain torch; an index equal to E
     is skipped)."""
@@ -247,6 +269,9 @@ CASES = {
     "fused_add_rms_norm": OpCase(lambda: (randn((3, 16)), randn((3, 16)), randn((16,))), (0, 1, 2),
                                  fused_add_rms_norm_reference),
     "layer_norm": OpCase(lambda: (randn((3, 16)), randn((16,)), randn((16,))), (0, 1, 2), layer_norm_reference),
+    "softmax": OpCase(lambda: (randn((3, 4, 19)) * 2.0,), (0,), softmax_reference),
+    # (2, 11, 17) over dim 1: the split layout; its "transposed" layout stores dim 1 innermost (the rows layout)
+    "sparsemax": OpCase(lambda: (randn((2, 11, 17)) * 2.0, 1), (0,), sparsemax_reference),
     "dyt": OpCase(lambda: (randn((3, 16)), randn((1,)), randn((16,)), randn((16,))), (0, 1, 2, 3), dyt_reference),
     "poly_norm": OpCase(lambda: (randn((3, 16)), randn((3,)), randn((1,))), (0, 1, 2), poly_norm_reference),
     "group_norm": OpCase(lambda: (randn((2, 6, 5)), randn((6,)), randn((6,)), 3), (0, 1, 2), group_norm_reference),

@@ -398,6 +398,29 @@ def norm_ops(env):
         torch.testing.assert_close(a.full_tensor(), e)
 
 
+@case
+def softmax_ops(env):
+    """softmax (last dim) and sparsemax (any dim): every dim but the reduced one sharded, or replicated, without
+    communication; a sharded reduced dim is gathered first (exact); the backward ops keep a Partial gradient."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    x = env.randn(4, 6, 16, seed=25)
+    for fn, reduced in ((npu_liger.softmax, 2), (lambda x_: npu_liger.sparsemax(x_, 1), 1),
+                        (lambda x_: npu_liger.sparsemax(x_, -3), 0)):
+        layouts = [layout(R, out=(R,))] + [layout(S(d), out=(S(d),)) if d != reduced else
+                                            layout(S(d), no_comm=False) for d in range(3)]
+        check_sharded(env, fn, (x * 3.0,), layouts, grads=(0,))
+    g = env.randn(4, 6, 16, seed=26)
+    for backward_op, y, extra in ((torch.ops.npu_liger.softmax_backward, npu_liger.softmax(x), ()),
+                                  (torch.ops.npu_liger.sparsemax_backward, npu_liger.sparsemax(x * 3.0, 1), (1,))):
+        got = backward_op(_from_local(env, g / env.world, P), _from_local(env, y, R), *extra)
+        assert got.placements == (P,), got.placements
+        torch.testing.assert_close(got.full_tensor(), backward_op(g, y, *extra))
+
+
 def _flce_chunks_of(rows):
     """fused_linear_cross_entropy runs chunks of ``rows`` rows, so tiny inputs still turn its chunk loop."""
     from unittest import mock

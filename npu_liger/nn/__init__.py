@@ -1,4 +1,4 @@
-"""``nn.Module`` wrappers around the ops (MLPs, losses, embedding), one file per op."""
+"""``nn.Module`` wrappers around the ops (MLPs, losses, embedding, norms, softmax, sparsemax), one file per op."""
 
 from .cross_entropy import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .dyt import DyT
@@ -11,9 +11,11 @@ from .kl_div import KLDivLoss
 from .moe import Experts
 from .norm import LayerNorm, RMSNorm
 from .poly_norm import PolyNorm
+from .softmax import Softmax
+from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "DyT", "Embedding", "Experts", "FusedLinearCrossEntropyLoss", "FusedLinearJSD",
-           "GEGLUMLP", "GRPOLoss", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm", "SwiGLUMLP",
-           "TVDLoss"]
+           "GEGLUMLP", "GRPOLoss", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm", "Softmax",
+           "Sparsemax", "SwiGLUMLP", "TVDLoss"]

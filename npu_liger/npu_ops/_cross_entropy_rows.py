@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._loss import LossOptions
-from ._triton import COMPUTE_DTYPE_SIZE, grid_stride, launched_kernel, program_start, require_launchable
+from ._triton import COMPUTE_DTYPE_SIZE, grid_stride, launched_kernel, program_start, require_launchable, tanh
 
 # Memory analysis (fp32 arithmetic: tiles sized in fp32 elements). One row at a time, V tiled by BLOCK_V.
 # Pass 1, per element: x (upcast), z (softcapped), exp(z - m), and the masked z for the smoothing sum: ~4 live.
@@ -60,22 +60,9 @@ CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 4096, 8
 
 
 @triton.jit
-def _tanh(y):
-    """tanh without libdevice, to ~3e-7 relative error everywhere: (1 - e^-2|y|) / (1 + e^-2|y|) loses digits to
-    cancellation near 0, so |y| < 0.25 takes the Taylor series to y^7 (remainder below 1e-7 there)."""
-    a = tl.abs(y)
-    e = tl.exp(a * -2.0)
-    far = (1.0 - e) / (1.0 + e)
-    a2 = a * a
-    near = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0))))
-    t = tl.where(a < 0.25, near, far)
-    return tl.where(y < 0.0, -t, t)
-
-
-@triton.jit
 def _softcapped(x, softcap, HAS_SOFTCAP: tl.constexpr):
     if HAS_SOFTCAP:  # softcap * tanh(x / softcap)
-        x = _tanh(x / softcap) * softcap
+        x = tanh(x / softcap) * softcap
     return x
 
 

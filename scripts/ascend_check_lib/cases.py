@@ -219,6 +219,21 @@ def _norm(rows, cols, weight=True, bias=True, casting_mode="llama", offset=0.0):
     return build
 
 
+def _rows(rows, cols):
+    """softmax (over the last dim): x and the backward's grad_out and y, all (rows, cols)."""
+    def build(dtype):
+        return {name: _e(rows, cols, dtype=dtype) for name in ("x", "grad_out", "y")}
+    return build
+
+
+def _sparsemax(shape, dim):
+    def build(dtype):
+        values = {name: _e(*shape, dtype=dtype) for name in ("x", "grad_out", "y")}
+        values["dim"] = dim
+        return values
+    return build
+
+
 def _dyt(rows, cols, beta=True, param_dtype=None):
     """x (rows, cols), alpha (1,), gamma and beta (cols,) (in ``param_dtype`` when given: fp32 with half x)."""
     def build(dtype):
@@ -298,6 +313,19 @@ OPS: List[Op] = [
                     Problem("q/k norm 524288x128 gemma", _norm(4 * 4096 * 32, 128, casting_mode="gemma", offset=1.0)),
                     Problem("7x131 none", _norm(7, 131, casting_mode="none")), Problem("3x20000", _norm(3, 20000))],
        _RMS_CALLS),
+    # whole rows (the 16384x8192 forward reads each row once), several narrow rows per tile (7x131), looped rows
+    # (the 8192-wide backward, 3x20000 both ways)
+    Op("softmax", [Problem("16384x8192", _rows(16384, 8192), bench=True), Problem("7x131", _rows(7, 131)),
+                   Problem("3x20000", _rows(3, 20000))]),
+    # rows layout: the bench shape loops (rows wider than 4096), 7x131 packs rows, 3x20000 loops, dim 1 of (4, 131, 7)
+    # and dim 0 of (20000, 3) (trailing dims under 16: moved last); split layout (columns x 16+ trailing positions):
+    # dim 1 of (8, 1024, 64) whole, dim 0 of (20000, 16) looped
+    Op("sparsemax", [Problem("16384x8192", _sparsemax((16384, 8192), -1), bench=True),
+                     Problem("7x131", _sparsemax((7, 131), -1)), Problem("3x20000", _sparsemax((3, 20000), -1)),
+                     Problem("4x131x7 dim1", _sparsemax((4, 131, 7), 1)),
+                     Problem("20000x3 dim0", _sparsemax((20000, 3), 0)),
+                     Problem("8x1024x64 dim1", _sparsemax((8, 1024, 64), 1)),
+                     Problem("20000x16 dim0", _sparsemax((20000, 16), 0))]),
     # Qwen3-MoE-like (Qwen3-30B-A3B: H 2048, 128 experts of I 768; here E 64), odd small, top-1
     Op("fused_moe", [Problem("T8192 H2048 E64 K8 I768", _moe(8192, 2048, 64, 8, 768, torch.int64), bench=True),
                      Problem("T7 H129 E3 K2 I33 i32", _moe(7, 129, 3, 2, 33, torch.int32)),
