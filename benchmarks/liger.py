@@ -17,6 +17,13 @@ cross_entropy  ``transformers.functional.liger_cross_entropy(logits, target)`` (
                calls); ``LigerCrossEntropyFunction.apply(logits, target)``; writes the gradient into logits
 fused_linear_  ``transformers.functional.liger_fused_linear_cross_entropy(x, weight, target)`` (behind
 cross_entropy  LigerFusedLinearCrossEntropyLoss); ``LigerFusedLinearCrossEntropyFunction.apply(x, weight, target)``
+kl_div         ``transformers.functional.liger_kl_div(y_pred, y_true, reduction="batchmean")``;
+               ``LigerKLDivLossFunction.apply(y_pred, y_true, "batchmean", False, 1e-10)``
+jsd            ``transformers.functional.liger_jsd(log_q, log_p, None, 0.5, -100)``; ``LigerJSDFunction.apply``
+fused_linear_  ``transformers.functional.liger_fused_linear_jsd(x, w, teacher_x, teacher_w)``;
+jsd            ``LigerFusedLinearJSDFunction.apply(x, w, teacher_x, teacher_w, None, 0.5, -100, 1.0, None)``
+grpo_loss      ``transformers.grpo_loss.triton_grpo_loss(logits, old, ref, ids, adv, mask, 1.0, 0.04, 0.2, 0.28,
+               inplace=True, loss_type="dapo", reduce=True)[0]`` (the gradient written into logits' storage)
 rope           ``transformers.rope.liger_rotary_pos_emb(q, k, cos, sin)``; ``LigerRopeFunction.apply(...)[:2]``
 qwen2vl_mrope  ``transformers.qwen2vl_mrope.liger_multimodal_rotary_pos_emb(q, k, cos, sin, section)``;
                ``LigerQwen2VLMRopeFunction.apply(...)[:2]``
@@ -81,6 +88,14 @@ _CE = lambda f: lambda logits, target: (_first(f(logits, target)).float(),)  # n
 _CE_CLS = lambda c: lambda logits, target: (_first(c.apply(logits, target)).float(),)  # noqa: E731
 _FLCE = lambda f: lambda x, w, target: (_first(f(x, w, target)).float(),)  # noqa: E731
 _FLCE_CLS = lambda c: lambda x, w, target: (_first(c.apply(x, w, target)).float(),)  # noqa: E731
+_KL = lambda f: lambda x, t: (f(x, t, reduction="batchmean").float(),)  # noqa: E731
+_KL_CLS = lambda c: lambda x, t: (c.apply(x, t, "batchmean", False, 1e-10).float(),)  # noqa: E731
+_JSD = lambda f: lambda x, y: (f(x, y, None, 0.5, -100).float(),)  # noqa: E731
+_JSD_CLS = lambda c: lambda x, y: (c.apply(x, y, None, 0.5, -100).float(),)  # noqa: E731
+_FLJSD = lambda f: lambda x, w, tx, tw: (f(x, w, tx, tw, None, 0.5, -100, 1.0).float(),)  # noqa: E731
+_FLJSD_CLS = lambda c: lambda x, w, tx, tw: (c.apply(x, w, tx, tw, None, 0.5, -100, 1.0, None).float(),)  # noqa: E731
+_GRPO = lambda f: lambda logits, ids, adv, mask, old, ref: (  # noqa: E731
+    f(logits, old, ref, ids, adv, mask, 1.0, 0.04, 0.2, 0.28, True, "dapo", None, "token", True)[0].float(),)
 _EMB_CLS = lambda c: lambda weight, indices: (c.apply(weight, indices),)  # noqa: E731
 _RMS = lambda f: lambda x, w: (f(x, w, 1e-6),)  # noqa: E731
 _RMS_CLS = lambda c: lambda x, w: (c.apply(x, w, 1e-6, 0.0, "llama", True),)  # noqa: E731
@@ -117,6 +132,14 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
         (f"{F}:liger_fused_linear_cross_entropy", _FLCE),
         ("liger_kernel.ops:LigerFusedLinearCrossEntropyFunction", _FLCE_CLS),
         ("liger_kernel.ops.fused_linear_cross_entropy:LigerFusedLinearCrossEntropyFunction", _FLCE_CLS)],
+    "kl_div": [(f"{F}:liger_kl_div", _KL), ("liger_kernel.ops:LigerKLDivLossFunction", _KL_CLS),
+               ("liger_kernel.ops.kl_div:LigerKLDivLossFunction", _KL_CLS)],
+    "jsd": [(f"{F}:liger_jsd", _JSD), ("liger_kernel.ops:LigerJSDFunction", _JSD_CLS),
+            ("liger_kernel.ops.jsd:LigerJSDFunction", _JSD_CLS)],
+    "fused_linear_jsd": [(f"{F}:liger_fused_linear_jsd", _FLJSD),
+                         ("liger_kernel.ops:LigerFusedLinearJSDFunction", _FLJSD_CLS),
+                         ("liger_kernel.ops.fused_linear_jsd:LigerFusedLinearJSDFunction", _FLJSD_CLS)],
+    "grpo_loss": [("liger_kernel.transformers.grpo_loss:triton_grpo_loss", _GRPO)],
     "rope": [("liger_kernel.transformers.rope:liger_rotary_pos_emb", _ROPE),
              ("liger_kernel.ops:LigerRopeFunction", _ROPE_CLS), ("liger_kernel.ops.rope:LigerRopeFunction", _ROPE_CLS)],
     "qwen2vl_mrope": [("liger_kernel.transformers.qwen2vl_mrope:liger_multimodal_rotary_pos_emb", _MROPE),

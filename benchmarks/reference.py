@@ -94,6 +94,44 @@ def fused_linear_cross_entropy(x: Tensor, weight: Tensor, target: Tensor) -> Ten
     return F.cross_entropy(F.linear(x, weight).float(), target)
 
 
+def kl_div_batchmean(y_pred: Tensor, y_true: Tensor) -> Tensor:
+    """``F.kl_div`` of log-probability predictions against probabilities, summed over the batch's rows."""
+    return F.kl_div(y_pred, y_true, reduction="batchmean")
+
+
+def _row_kl(prediction: Tensor, observation: Tensor) -> Tensor:
+    return F.kl_div(prediction, observation, reduction="none", log_target=True).sum(-1)
+
+
+def jsd(log_q: Tensor, log_p: Tensor, beta: float = 0.5) -> Tensor:
+    """Liger-Kernel's torch JSD (its tests' reference), in fp32: beta * KL(P || M) + (1 - beta) * KL(Q || M)."""
+    log_q, log_p = log_q.float(), log_p.float()
+    log_m = torch.lerp(log_q.exp(), log_p.exp(), beta).log()
+    return (beta * _row_kl(log_m, log_p) + (1 - beta) * _row_kl(log_m, log_q)).mean()
+
+
+def fused_linear_jsd(student_input: Tensor, student_weight: Tensor, teacher_input: Tensor, teacher_weight: Tensor,
+                     temperature: float = 1.0) -> Tensor:
+    """The unfused distillation loss: both models' logits in their dtype, log-softmax and JSD in fp32."""
+    student = (F.linear(student_input, student_weight).float() / temperature).log_softmax(-1)
+    with torch.no_grad():
+        teacher = (F.linear(teacher_input, teacher_weight).float() / temperature).log_softmax(-1)
+    return jsd(student, teacher)
+
+
+def grpo_loss(logits: Tensor, completion_ids: Tensor, advantages: Tensor, completion_mask: Tensor, old_logp: Tensor,
+              ref_logp: Tensor, beta: float = 0.04, eps_low: float = 0.2, eps_high: float = 0.28) -> Tensor:
+    """TRL's GRPOTrainer._compute_loss (loss_type "dapo", token-level ratios): the selective log-softmax of the
+    completion tokens from fp32 logits (the last position dropped), PPO clipping, the k3 KL to the reference."""
+    logp = logits[:, :-1].float().log_softmax(-1).gather(-1, completion_ids[..., None]).squeeze(-1)
+    coef_1 = torch.exp(logp - old_logp)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    per_token = -torch.min(coef_1 * advantages[:, None], coef_2 * advantages[:, None])
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    mask = completion_mask.float()
+    return ((per_token + beta * kl) * mask).sum() / mask.sum().clamp(min=1.0)
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

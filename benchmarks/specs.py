@@ -31,6 +31,12 @@ cross_entropy       logits read: N                                       logits 
                                                                          place only if grad_out != 1)
 fused_linear_ce     compute-bound (3 matmuls of BT x H x V): bytes are   x, W read, grad_x, grad_W written
                     x and W read, for the table's sake
+kl_div              y_pred, y_true read: 2 N                             + y_true read, grad written: 4 N
+jsd                 log_q, log_p read: 2 N                               the training call reads both once, writes
+                                                                         the grad: 3 N (one launch)
+fused_linear_jsd    compute-bound (4 matmuls of BT x H x V): bytes are   + grad_x, grad_W written
+                    both inputs and weights read
+grpo_loss           logits read: N                                       logits read twice, grad written: 3 N
 fused_moe           compute-bound (2 grouped matmuls, T*K x H x 2I and   + grads of x and both weights written,
                     T*K x I x H): bytes are x and both weights read,     read again: 2x the forward's
                     out written, for the table's sake
@@ -104,6 +110,7 @@ class OpSpec:
     bytes_fb: Callable[[Dict, int], float]
     notes: str = ""
     module: Optional[str] = None  # the npu_ops module holding the launcher, when not named after the op
+    n_outputs: Optional[int] = None  # the op's outputs the variants compare (grpo_loss: the loss, not its statistics)
     # more baselines beside eager, torch.compile and Liger: name -> f(*args) (e.g. transformers' grouped_mm experts)
     peers: Dict[str, Callable] = field(default_factory=dict)
 
@@ -142,7 +149,7 @@ class OpSpec:
 
         def run(*args):
             out = target(*npu_args(*args))
-            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            return (tuple(out) if isinstance(out, (tuple, list)) else (out,))[: self.n_outputs]
 
         return run
 
@@ -444,6 +451,89 @@ def _make_flce(p, dtype, device, gen):
                   (torch.ones((), dtype=torch.float32, device=device),))
 
 
+# --- kl_div / jsd / fused_linear_jsd / grpo_loss ----------------------------------------------------------------
+
+def _make_kl_div(p, dtype, device, gen):
+    shape = (p["BT"], p["V"])
+    y_pred = torch.log_softmax(_randn(shape, torch.float32, device, gen), -1).to(dtype).requires_grad_(True)
+    y_true = torch.softmax(_randn(shape, torch.float32, device, gen), -1).to(dtype)
+    return Inputs((y_pred, y_true), (y_pred,), (torch.ones((), dtype=dtype, device=device),))
+
+
+def _make_jsd(p, dtype, device, gen):
+    shape = (p["BT"], p["V"])
+    log_q = torch.log_softmax(_randn(shape, torch.float32, device, gen), -1).to(dtype).requires_grad_(True)
+    log_p = torch.log_softmax(_randn(shape, torch.float32, device, gen), -1).to(dtype)
+    return Inputs((log_q, log_p), (log_q,), (torch.ones((), dtype=torch.float32, device=device),))
+
+
+def _make_fused_linear_jsd(p, dtype, device, gen):
+    x = _randn((p["BT"], p["H"]), dtype, device, gen, True)
+    weight = _randn((p["V"], p["H"]), dtype, device, gen, True, scale=p["H"] ** -0.5)
+    teacher_x = _randn((p["BT"], p["H"]), dtype, device, gen)
+    teacher_weight = _randn((p["V"], p["H"]), dtype, device, gen, scale=p["H"] ** -0.5)
+    return Inputs((x, weight, teacher_x, teacher_weight), (x, weight),
+                  (torch.ones((), dtype=torch.float32, device=device),))
+
+
+def _make_grpo(p, dtype, device, gen):
+    n_seq, seq_len, vocab = p["B"], p["L"], p["V"]
+    logits = _randn((n_seq, seq_len + 1, vocab), dtype, device, gen, True, scale=2.0)
+    ids = torch.randint(0, vocab, (n_seq, seq_len), generator=gen, device=device, dtype=torch.int64)
+    advantages = _randn((n_seq,), torch.float32, device, gen)
+    lengths = torch.randint(seq_len // 2, seq_len + 1, (n_seq,), generator=gen, device=device)
+    mask = (torch.arange(seq_len, device=device)[None, :] < lengths[:, None]).to(torch.int64)
+    with torch.no_grad():
+        logp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+    old = logp + 0.1 * _randn(logp.shape, torch.float32, device, gen)
+    ref = logp + 0.1 * _randn(logp.shape, torch.float32, device, gen)
+    return Inputs((logits, ids, advantages, mask, old, ref), (logits,),
+                  (torch.ones((), dtype=torch.float32, device=device),))
+
+
+def _distill_specs() -> Dict[str, "OpSpec"]:
+    rows = lambda p: p["BT"]  # noqa: E731
+    vocab_label = lambda p: f"{p['BT']}x{p['V']}"  # noqa: E731
+    n = lambda p: p["BT"] * p["V"]  # noqa: E731
+    return {
+        "kl_div": OpSpec(
+            name="kl_div", dtype=torch.bfloat16, main=[dict(BT=8192, V=128256)],
+            sweep=lambda t: dict(BT=t, V=128256), smoke=dict(BT=6, V=37), tiny=dict(BT=4, V=64),
+            compile_case=lambda s: dict(BT=2 * s, V=32000), label=vocab_label, tokens=rows, make=_make_kl_div,
+            eager=reference.kl_div_batchmean, npu_args=lambda x, t: (x, t, "batchmean", False, 1e-10),
+            bytes_fwd=lambda p, s: 2 * n(p) * s, bytes_fb=lambda p, s: 4 * n(p) * s,
+            notes="reduction batchmean, y_true probabilities, grad for y_pred"),
+        "jsd": OpSpec(
+            name="jsd", dtype=torch.bfloat16, main=[dict(BT=8192, V=128256)],
+            sweep=lambda t: dict(BT=t, V=128256), smoke=dict(BT=6, V=37), tiny=dict(BT=4, V=64),
+            compile_case=lambda s: dict(BT=2 * s, V=32000), label=vocab_label, tokens=rows, make=_make_jsd,
+            eager=reference.jsd, npu_args=lambda x, y: (x, y, None, 0.5, -100),
+            bytes_fwd=lambda p, s: 2 * n(p) * s, bytes_fb=lambda p, s: 3 * n(p) * s,
+            notes="beta 0.5, no labels; the loss is fp32"),
+        "fused_linear_jsd": OpSpec(
+            name="fused_linear_jsd", dtype=torch.bfloat16, main=[dict(BT=8192, H=4096, V=128256)],
+            sweep=lambda t: dict(BT=t, H=4096, V=128256), smoke=dict(BT=6, H=8, V=37), tiny=dict(BT=4, H=8, V=64),
+            compile_case=lambda s: dict(BT=2 * s, H=1024, V=32000),
+            label=lambda p: f"BT{p['BT']} H{p['H']} V{p['V']}", tokens=rows, make=_make_fused_linear_jsd,
+            eager=reference.fused_linear_jsd, npu_args=lambda x, w, tx, tw: (x, w, tx, tw, None, 0.5, -100, 1.0),
+            bytes_fwd=lambda p, s: 2 * (p["BT"] + p["V"]) * p["H"] * s,
+            bytes_fb=lambda p, s: 3 * (p["BT"] + p["V"]) * p["H"] * s,
+            notes="beta 0.5, T 1, teacher of the student's size; compute-bound: judge by ms and peak memory"),
+        "grpo_loss": OpSpec(
+            name="grpo_loss", dtype=torch.bfloat16, main=[dict(B=8, L=1024, V=128256)],
+            sweep=lambda t: dict(B=8, L=max(t // 8, 1), V=128256), smoke=dict(B=2, L=3, V=37),
+            tiny=dict(B=2, L=2, V=64), compile_case=lambda s: dict(B=4, L=s, V=32000),
+            label=lambda p: f"B{p['B']} L{p['L']} V{p['V']}", tokens=lambda p: p["B"] * p["L"], make=_make_grpo,
+            eager=reference.grpo_loss,
+            npu_args=lambda lg, ids, adv, m, old, ref: (lg, ids, adv, m, old, ref, 1.0, 0.04, 0.2, 0.28, "dapo",
+                                                        None, None),
+            bytes_fwd=lambda p, s: p["B"] * (p["L"] + 1) * p["V"] * s,
+            bytes_fb=lambda p, s: 3 * p["B"] * (p["L"] + 1) * p["V"] * s,
+            notes="loss_type dapo, beta 0.04, old and ref log-probabilities, padded completions; logits (B, L+1, V)",
+            n_outputs=1),
+    }
+
+
 def _make_moe(p, dtype, device, gen):
     """Experts of a MoE block: top-K of random router logits (K distinct experts per token), softmax weights."""
     T, H, E, K, inter = p["T"], p["H"], p["E"], p["K"], p["I"]
@@ -573,12 +663,11 @@ SPECS: Dict[str, OpSpec] = {
     "layer_norm": _norm_spec("layer_norm", reference.layer_norm, lambda x, w, b: (x, w, b, 1e-5),
                              lambda p, dtype, device, gen: _make_norm(p, dtype, device, gen, bias=True), 2, 5,
                              "layer_norm", with_qk=False),
+    **_distill_specs(),
     "softmax": _rows_spec("softmax", reference.softmax, "over the last dim; x drawn as 2 * randn"),
     "sparsemax": _rows_spec("sparsemax", reference.sparsemax,
                             "dim -1; eager: the sort-based formula in fp32; npu_liger: bisection, no sort (compute"
                             " grows with the 24 bisection passes)"),
-
-
     "dyt": _row_spec("dyt", reference.dyt, lambda x, a, g, b: (x, a, g, b), _make_dyt,
                      "alpha 0.5 (LigerDyT's init), gamma and beta over the last dim"),
     "poly_norm": _row_spec("poly_norm", reference.poly_norm, lambda x, w, b: (x, w, b, 1e-6), _make_poly_norm,

@@ -14,9 +14,13 @@ from .registrations.cross_entropy import cross_entropy  # noqa: E402
 from .registrations.dyt import dyt  # noqa: E402
 from .registrations.embedding import embedding  # noqa: E402
 from .registrations.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from .registrations.fused_linear_jsd import fused_linear_jsd  # noqa: E402
 from .registrations.fused_moe import fused_moe  # noqa: E402
 from .registrations.geglu import geglu  # noqa: E402
+from .registrations.grpo_loss import grpo_loss  # noqa: E402
 from .registrations.group_norm import group_norm  # noqa: E402
+from .registrations.jsd import jsd  # noqa: E402
+from .registrations.kl_div import kl_div  # noqa: E402
 from .registrations.layer_norm import layer_norm  # noqa: E402
 from .registrations.llama4_rope import llama4_rope  # noqa: E402
 from .registrations.poly_norm import poly_norm  # noqa: E402

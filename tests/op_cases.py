@@ -134,6 +134,89 @@ def class_weight(n):
     return torch.rand(n, device=DEVICE) + 0.5
 
 
+def kl_div_reference(y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10):
+    return F.kl_div(y_pred, y_true, reduction=reduction, log_target=log_target)
+
+
+def jsd_reference(input, target, shift_labels=None, beta=0.5, ignore_index=-100):
+    """Liger-Kernel's test reference: torch's KLDivLoss(log_target=True) terms, summed per row, over valid rows."""
+    def kl(prediction, observation):
+        return F.kl_div(prediction, observation, reduction="none", log_target=True).sum(-1)
+
+    if beta == 0.0:
+        rows = kl(input, target)
+    elif beta == 1.0:
+        rows = kl(target, input)
+    else:
+        log_m = torch.lerp(input.exp(), target.exp(), beta).log()
+        rows = beta * kl(log_m, target) + (1 - beta) * kl(log_m, input)
+    valid = (torch.ones(rows.shape, dtype=torch.bool, device=rows.device) if shift_labels is None
+             else shift_labels != ignore_index)
+    return torch.where(valid, rows, torch.zeros_like(rows)).sum() / valid.sum().clamp(min=1)
+
+
+def _at_least_fp32(t):
+    """Half-precision logits to fp32 (what the loss is computed in), float64 ones kept."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def fused_linear_jsd_reference(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None,
+                               jsd_beta=0.5, ignore_index=-100, temperature=1.0):
+    student = (_at_least_fp32(F.linear(student_input, student_weight)) / temperature).log_softmax(-1)
+    teacher = (_at_least_fp32(F.linear(teacher_input, teacher_weight)) / temperature).log_softmax(-1)
+    return jsd_reference(student, teacher.detach(), shift_labels, jsd_beta, ignore_index)
+
+
+def grpo_loss_reference(logits, completion_ids, advantages, completion_mask=None, old_logp=None, ref_logp=None,
+                        temperature=1.0, beta=0.0, eps_low=0.2, eps_high=0.2, loss_type="dapo",
+                        max_completion_length=None, num_items_in_batch=None):
+    """TRL's GRPOTrainer._compute_loss (token-level importance sampling). Masked tokens are not read (their logits,
+    old/ref log-probabilities and advantage are replaced by 0 before use), as the op documents; everything else is
+    TRL's arithmetic. Returns (loss, per_token_kl, is_clipped, clip_ratio), the statistics without gradient."""
+    n_seq, seq_len = completion_ids.shape
+    if logits.shape[1] == seq_len + 1:
+        logits = logits[:, :-1]
+    valid = (torch.ones((n_seq, seq_len), dtype=torch.bool, device=logits.device) if completion_mask is None
+             else completion_mask != 0)
+    zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
+    logits = torch.where(valid[..., None], logits, zero)
+    logp = (_at_least_fp32(logits) / temperature).log_softmax(-1)
+    logp = logp.gather(-1, completion_ids[..., None].long()).squeeze(-1)
+    old = logp.detach() if old_logp is None else torch.where(valid, old_logp.to(logp.dtype), 0.0)
+    adv = torch.where(valid, advantages[:, None].to(logp.dtype), 0.0)
+    coef_1 = torch.exp(logp - old)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    per_token = -torch.min(coef_1 * adv, coef_2 * adv)
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None:
+        ref = torch.where(valid, ref_logp.to(logp.dtype), 0.0)
+        kl = torch.exp(ref - logp) - (ref - logp) - 1
+        if beta != 0.0:
+            per_token = per_token + beta * kl
+    mask = valid.to(logp.dtype)
+    per_token = torch.where(valid, per_token, 0.0)
+    if loss_type == "grpo":
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        loss = (per_token * mask).sum() / (n_seq * (max_completion_length or seq_len))
+    else:
+        normalizer = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch).to(mask)
+        loss = (per_token * mask).sum() / normalizer.clamp(min=1.0)
+    clipped = (((coef_1 < 1 - eps_low) & (adv < 0)) | ((coef_1 > 1 + eps_high) & (adv > 0))) & valid
+    clipped = clipped.to(logp.dtype).detach()
+    kl = torch.where(valid, kl, 0.0).detach()
+    return loss, kl, clipped, clipped.sum() / mask.sum().clamp(min=1.0)
+
+
+def _grpo_case():
+    mask = torch.ones((2, 3), dtype=torch.int64, device=DEVICE)
+    mask[1, 2] = 0
+    return (randn((2, 4, 11)), index((2, 3), 11), randn((2,)), mask, randn((2, 3), scale=0.1) - 2.4,
+            randn((2, 3), scale=0.1) - 2.4, 0.9, 0.04, 0.2, 0.28, "grpo")
+
+
 def softmax_reference(x):
     return torch.softmax(x, -1)
 
@@ -203,6 +286,13 @@ CASES = {
     "fused_linear_cross_entropy": OpCase(lambda: (randn((4, 8)), randn((10, 8)), index((4,), 10), randn((10,)),
                                                   class_weight(10), -100, "mean", 0.1), (0, 1, 3),
                                          flce_reference),
+    "kl_div": OpCase(lambda: (randn((4, 9)).log_softmax(-1), randn((4, 9)).softmax(-1), "sum"), (0, 1),
+                     kl_div_reference),
+    "jsd": OpCase(lambda: (randn((4, 9)).log_softmax(-1), randn((4, 9)).log_softmax(-1), None, 0.3), (0,),
+                  jsd_reference),
+    "fused_linear_jsd": OpCase(lambda: (randn((4, 8)), randn((10, 8)), randn((4, 6)), randn((10, 6)), None, 0.5,
+                                        -100, 2.0), (0, 1), fused_linear_jsd_reference),
+    "grpo_loss": OpCase(_grpo_case, (0,), grpo_loss_reference),
     # 3 experts, intermediate 8; index 3 (= E) is a slot served elsewhere
     "fused_moe": OpCase(lambda: (randn((5, 16)), randn((3, 16, 16), scale=0.3), randn((3, 16, 8), scale=0.3),
                                  index((5, 2), 4), randn((5, 2)).softmax(-1)), (0, 1, 2, 4), fused_moe_reference),

@@ -268,6 +268,45 @@ def gated_mlp_ops(env):
 
 
 @case
+def distillation_and_rl_losses(env):
+    """kl_div as tvd (rows or vocab, per reduction); jsd vocab-sharded (its terms are elementwise, the divisor
+    global) -> Partial; fused_linear_jsd and grpo_loss replicated (sharded inputs are gathered first)."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    y_pred = torch.log_softmax(env.randn(6, 10, seed=21), -1)
+    y_true = torch.softmax(env.randn(6, 10, seed=22), -1)
+    exact = {"none": {"rows": S(0), "vocab": S(1)}, "sum": {"rows": P, "vocab": P}, "batchmean": {"vocab": P},
+             "mean": {}}
+    for reduction, exact_layouts in exact.items():
+        layouts = []
+        for name, pl in {"rows": S(0), "vocab": S(1), "replicated": R}.items():
+            expected = exact_layouts.get(name, R if name == "replicated" else None)
+            layouts.append(layout(pl, pl, out=None if expected is None else (expected,), no_comm=expected is not None))
+        check_sharded(env, lambda x, t: npu_liger.kl_div(x, t, reduction), (y_pred, y_true), layouts, grads=(0, 1))
+    target = torch.log_softmax(env.randn(6, 10, seed=23), -1)
+    labels = torch.tensor([1, -100, 3, 4, -100, 0], device=env.device)
+    for lab in (None, labels):
+        lab_pl = None if lab is None else R
+        check_sharded(env, lambda x, t, lab_: npu_liger.jsd(x, t, lab_, 0.3), (y_pred, target, lab), [
+            layout(S(1), S(1), lab_pl, out=(P,)), layout(R, R, lab_pl, out=(R,)),
+            layout(S(0), S(0), None if lab is None else S(0), no_comm=False)], grads=(0,))
+    x, w = env.randn(6, 8, seed=24), env.randn(10, 8, seed=25)
+    tx, tw = env.randn(6, 5, seed=26), env.randn(10, 5, seed=27)
+    check_sharded(env, lambda a, b, c, d, lab_: npu_liger.fused_linear_jsd(a, b, c, d, lab_, 0.5, -100, 2.0),
+                  (x, w, tx, tw, labels), [layout(R, R, R, R, R, out=(R,)),
+                                           layout(S(0), R, S(0), R, S(0), no_comm=False)], grads=(0, 1))
+    logits = env.randn(2, 4, 11, seed=28)
+    ids = torch.tensor([[1, 5, 10], [0, 3, 3]], device=env.device)
+    adv, ref = env.randn(2, seed=29), env.randn(2, 3, seed=30) * 0.1 - 2.4
+    grpo = lambda lg, i, a, r: npu_liger.grpo_loss(lg, i, a, None, None, r, 0.9, 0.04, 0.2, 0.28, "bnpo")  # noqa: E731
+    check_sharded(env, grpo, (logits, ids, adv, ref), [layout(R, R, R, R, out=(R, R, R, R)),
+                                                       layout(S(0), S(0), S(0), S(0), no_comm=False)], grads=(0,))
+
+
+@case
 def embedding_op(env):
     """Replicated weight with replicated or token-sharded indices; weight sharded on the embedding dim;
     vocab-sharded weight is gathered first (exact, not communication-free)."""

@@ -5,6 +5,9 @@ from .dyt import DyT
 from .embedding import Embedding
 from .geglu import GEGLUMLP
 from .group_norm import GroupNorm
+from .grpo_loss import GRPOLoss
+from .jsd import JSD, FusedLinearJSD
+from .kl_div import KLDivLoss
 from .moe import Experts
 from .norm import LayerNorm, RMSNorm
 from .poly_norm import PolyNorm
@@ -13,5 +16,6 @@ from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
-__all__ = ["CrossEntropyLoss", "DyT", "Embedding", "Experts", "FusedLinearCrossEntropyLoss", "GEGLUMLP", "GroupNorm",
-           "LayerNorm", "PolyNorm", "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP", "TVDLoss"]
+__all__ = ["CrossEntropyLoss", "DyT", "Embedding", "Experts", "FusedLinearCrossEntropyLoss", "FusedLinearJSD",
+           "GEGLUMLP", "GRPOLoss", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm", "Softmax",
+           "Sparsemax", "SwiGLUMLP", "TVDLoss"]

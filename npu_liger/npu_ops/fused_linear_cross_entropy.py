@@ -43,35 +43,17 @@ to make every loop turn.
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import torch
 
+from ._chunked import CHUNK_ROWS_ENV, EFFICIENT_CHUNK_ROWS, MAX_CHUNK_FRACTION, MIN_CHUNK_ROWS  # noqa: F401
+from ._chunked import chunk_rows
 from ._cross_entropy_rows import launch_rows
 from ._loss import LossOptions, check_loss_options, check_targets, empty_stats, loss_stats, reduce_rows, target_scale
 from ._triton import check_float_tensor, new_like
 
-CHUNK_ROWS_ENV = "NPU_LIGER_FLCE_CHUNK_ROWS"
-EFFICIENT_CHUNK_ROWS = 1024  # rows per chunk at which the weight-gradient matmul stops being memory-bound
-MAX_CHUNK_FRACTION = 4  # a chunk holds at most 1/4 of the rows ...
-MIN_CHUNK_ROWS = 64  # ... unless that is fewer than this (tiny calls, e.g. evaluation of a few rows: one chunk)
 ACCUM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def chunk_rows(n_rows: int, hidden: int, vocab: int) -> int:
-    """Rows per chunk (module docstring): a power of two, the larger of EFFICIENT_CHUNK_ROWS (capped at a quarter
-    of the rows, or MIN_CHUNK_ROWS) and the rows whose logits have x's size; at least 1, at most n_rows.
-    ``NPU_LIGER_FLCE_CHUNK_ROWS`` replaces the choice."""
-    override = os.environ.get(CHUNK_ROWS_ENV)
-    if override:
-        if not override.isdigit() or int(override) < 1:
-            raise ValueError(f"{CHUNK_ROWS_ENV} must be a positive integer (rows per chunk), got {override!r}")
-        return max(1, min(n_rows, int(override)))
-    x_sized = n_rows * hidden // max(vocab, 1)
-    efficient = min(EFFICIENT_CHUNK_ROWS, max(n_rows // MAX_CHUNK_FRACTION, MIN_CHUNK_ROWS))
-    wanted = max(x_sized, efficient, 1)
-    return min(n_rows, 1 << (wanted.bit_length() - 1)) or 1  # the largest power of two <= wanted
 
 
 def _check_like_x(name: str, t: torch.Tensor, x: torch.Tensor, shape, shape_name: str) -> None:

@@ -72,6 +72,13 @@ def sharded_rows_result(pl, reduction: str, stats: bool = False):
     return {"none": pl.S(0), "sum": pl.P}.get(reduction)
 
 
+def saveable(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Autograd refuses to save inference-mode tensors (a teacher's output made under ``torch.inference_mode()``,
+    say). A backward needs their values, not their identity, so those are saved as a plain copy (torch's own
+    losses save new tensors computed from them the same way)."""
+    return tensor.clone() if tensor is not None and tensor.is_inference() else tensor
+
+
 def wants_grad(tensor: Optional[torch.Tensor]) -> bool:
     return tensor is not None and tensor.requires_grad and torch.is_grad_enabled()
 

@@ -107,6 +107,71 @@ def _cross_entropy_with_grad(ce):
     return cross_entropy_with_grad
 
 
+def _kl_div(rows, cols, reduction, log_target, true_dtype=None):
+    def build(dtype):
+        loss_dtype = torch.promote_types(dtype, true_dtype or dtype)
+        grad = _e(rows, cols, dtype=loss_dtype) if reduction == "none" else torch.ones((), dtype=loss_dtype)
+        return {"y_pred": _e(rows, cols, dtype=dtype), "y_true": _e(rows, cols, dtype=true_dtype or dtype),
+                "reduction": reduction, "log_target": log_target, "eps": 1e-10, "grad_out": grad,
+                "grad_pred": True, "grad_true": True}
+    return build
+
+
+def _jsd(rows, cols, beta, label_dtype, target_dtype=None):
+    def build(dtype):
+        labels = None if label_dtype is None else torch.zeros(rows, dtype=label_dtype)
+        return {"input": _e(rows, cols, dtype=dtype), "target": _e(rows, cols, dtype=target_dtype or dtype),
+                "shift_labels": labels, "beta": beta, "ignore_index": -100}
+    return build
+
+
+def _jsd_with_grad(jsd):
+    def jsd_with_grad(input, target, shift_labels, beta, ignore_index):
+        jsd.jsd_forward(input, target, shift_labels, beta, ignore_index, compute_grad=True)
+    return jsd_with_grad
+
+
+def _fused_linear_jsd_chunk(rows, cols, beta, label_dtype):
+    """One chunk of fused_linear_jsd (the matmuls are torch's): the JSD kernel from logits, in place."""
+    def build(dtype):
+        labels = None if label_dtype is None else torch.zeros(rows, dtype=label_dtype)
+        return {"student_logits": _e(rows, cols, dtype=dtype), "teacher_logits": _e(rows, cols, dtype=dtype),
+                "shift_labels": labels, "jsd_beta": beta, "ignore_index": -100, "temperature": 2.0}
+    return build
+
+
+def _fused_linear_jsd_kernel(fljsd):
+    from npu_liger.npu_ops import _divergence
+
+    def fused_linear_jsd_chunk(student_logits, teacher_logits, shift_labels, jsd_beta, ignore_index, temperature,
+                               compute_grad=True):
+        n_rows = student_logits.shape[0]
+        scale = _divergence.valid_row_scale(shift_labels, ignore_index, n_rows, student_logits.device)
+        losses = torch.empty((n_rows,), dtype=torch.float32)
+        _divergence.launch_jsd_rows(student_logits, teacher_logits, shift_labels, scale, losses,
+                                    student_logits if compute_grad else None, jsd_beta, ignore_index, temperature)
+    return fused_linear_jsd_chunk
+
+
+def _grpo(n_seq, seq_len, vocab, extra_position, mask, old, ref):
+    def build(dtype):
+        return {"logits": _e(n_seq, seq_len + extra_position, vocab, dtype=dtype),
+                "completion_ids": torch.zeros((n_seq, seq_len), dtype=torch.int64),
+                "advantages": torch.zeros(n_seq, dtype=torch.float32),
+                "completion_mask": torch.ones((n_seq, seq_len), dtype=torch.int64) if mask else None,
+                "old_logp": torch.zeros((n_seq, seq_len), dtype=torch.float32) if old else None,
+                "ref_logp": torch.zeros((n_seq, seq_len), dtype=torch.float32) if ref else None,
+                "beta": 0.04 if ref else 0.0, "loss_type": "grpo"}
+    return build
+
+
+def _grpo_with_grad(grpo):
+    def grpo_with_grad(logits, completion_ids, advantages, completion_mask, old_logp, ref_logp, beta, loss_type):
+        grpo.grpo_loss_forward(logits, completion_ids, advantages, completion_mask, old_logp, ref_logp, 0.9, beta,
+                               0.2, 0.28, loss_type, None, None, compute_grad=True)
+    return grpo_with_grad
+
+
 def _cross_entropy_every_option(ce):
     """Every switch of the row kernel at once: class weights with label smoothing (the weighted sums), the
     statistics (the running argmax), token scaling, softcap and z-loss; loss only and with the gradient."""
@@ -272,6 +337,26 @@ OPS: List[Op] = [
     Op("layer_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
                       Problem("1280x1280 no bias", _norm(1280, 1280, bias=False)),
                       Problem("7x131 no affine", _norm(7, 131, weight=False, bias=False))]),
+    Op("kl_div", [Problem("8192x32000 batchmean", _kl_div(8192, 32000, "batchmean", False), bench=True),
+                  Problem("8192x32000 none log-target", _kl_div(8192, 32000, "none", True)),
+                  Problem("3x1001 sum true-fp32", _kl_div(3, 1001, "sum", False, torch.float32)),
+                  Problem("5x77 mean log-target", _kl_div(5, 77, "mean", True))]),
+    Op("jsd", [Problem("8192x128256 beta0.5 labels", _jsd(8192, 128256, 0.5, torch.int64), bench=True),
+               Problem("3x1001 beta0", _jsd(3, 1001, 0.0, None)),
+               Problem("5x77 beta1 i32-labels", _jsd(5, 77, 1.0, torch.int32)),
+               Problem("6x1001 beta0.3 target-fp32", _jsd(6, 1001, 0.3, None, torch.float32))],
+       [Call("fwd", "jsd_forward"), Call("fwd+grad", "jsd_forward", adapter=_jsd_with_grad)]),
+    Op("fused_linear_jsd",
+       [Problem("chunk 1024x128256 beta0.5 labels", _fused_linear_jsd_chunk(1024, 128256, 0.5, torch.int64),
+                bench=True),
+        Problem("chunk 3x1001 beta0", _fused_linear_jsd_chunk(3, 1001, 0.0, None)),
+        Problem("chunk 5x77 beta1 i32-labels", _fused_linear_jsd_chunk(5, 77, 1.0, torch.int32))],
+       [Call("chunk+grad", "fused_linear_jsd_forward", adapter=_fused_linear_jsd_kernel)]),
+    Op("grpo_loss",
+       [Problem("b8 l1024+1 V151936 mask old ref", _grpo(8, 1024, 151936, 1, True, True, True), bench=True),
+        Problem("b2 l7 V1001 no old, no ref", _grpo(2, 7, 1001, 0, False, False, False)),
+        Problem("b3 l5+1 V77 mask ref", _grpo(3, 5, 77, 1, True, False, True))],
+       [Call("fwd", "grpo_loss_forward"), Call("fwd+grad", "grpo_loss_forward", adapter=_grpo_with_grad)]),
     # DyT: rows split over column blocks (8192, 20000), narrow rows packed per tile (64), fp32 parameters, no beta
     Op("dyt", [Problem("16384x8192", _dyt(16384, 8192), bench=True), Problem("7x131 no beta", _dyt(7, 131, beta=False)),
                Problem("4096x64 fp32 params", _dyt(4096, 64, param_dtype=torch.float32)),
