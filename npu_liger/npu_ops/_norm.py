@@ -113,6 +113,17 @@ def plan_rows(device_type: str, n_rows: int, n_cols: int, memory_multiplier: flo
 
 
 @triton.jit
+def load_param(ptr, offsets, mask, default, HAS: tl.constexpr):
+    """A chunk of a per-column (or per-channel) weight or bias in fp32, or ``default`` everywhere when the
+    parameter is absent (``HAS`` off)."""
+    if HAS:
+        p = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    else:
+        p = tl.zeros(offsets.shape, dtype=tl.float32) + default
+    return p
+
+
+@triton.jit
 def load_tile(ptr, rows, col_ids, n_rows, row_stride, col_mask):
     """A (BLOCK_R, BLOCK_N) tile of whole rows as stored (rows past ``n_rows`` read as 0)."""
     return tl.load(ptr + rows * row_stride + col_ids, mask=(rows < n_rows) & col_mask, other=0.0)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
-from ._norm import as_rows, check_eps, check_grad, param_row
+from ._norm import as_rows, check_eps, check_grad, load_param, param_row
 from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, new_like, program_start,
                       require_launchable)
 
@@ -72,16 +72,6 @@ def plan_groups(device_type: str, n_groups: int, channels: int, positions: int,
 @triton.jit
 def _total(t):
     return tl.sum(tl.sum(t, axis=1), axis=0)
-
-
-@triton.jit
-def _channel_param(ptr, chans, mask, default, HAS: tl.constexpr):
-    """A (BLOCK_C, 1) chunk of a per-channel parameter in fp32, or ``default`` everywhere when it is absent."""
-    if HAS:
-        p = tl.load(ptr + chans, mask=mask, other=0.0).to(tl.float32)
-    else:
-        p = tl.zeros(chans.shape, dtype=tl.float32) + default
-    return p
 
 
 @triton.jit
@@ -124,8 +114,8 @@ def _group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, num_groups, chann
             xs = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
             xc = tl.where(mask, xs - _total(xs) / size, 0.0)
             rstd = 1.0 / tl.sqrt(_total(xc * xc) / size + eps)
-            w = _channel_param(w_ptr, ch0 + ch_ids, ch_ok, 1.0, HAS_WEIGHT)
-            b = _channel_param(b_ptr, ch0 + ch_ids, ch_ok, 0.0, HAS_BIAS)
+            w = load_param(w_ptr, ch0 + ch_ids, ch_ok, 1.0, HAS_WEIGHT)
+            b = load_param(b_ptr, ch0 + ch_ids, ch_ok, 0.0, HAS_BIAS)
             tl.store(y_row + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), mask=mask)
         else:  # mean, variance, then normalise, each a walk over the group's chunks
             d = _group_sum(x_row, shift, 0.0, ch_ids, hw_ids, channels, positions, False, BLOCK_C, BLOCK_HW) / size
@@ -134,8 +124,8 @@ def _group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, num_groups, chann
             for c in tl.range(0, channels, BLOCK_C):
                 chans = c + ch_ids
                 ch_ok = chans < channels
-                w = _channel_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT) * rstd
-                b = _channel_param(b_ptr, ch0 + chans, ch_ok, 0.0, HAS_BIAS)
+                w = load_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT) * rstd
+                b = load_param(b_ptr, ch0 + chans, ch_ok, 0.0, HAS_BIAS)
                 for h in tl.range(0, positions, BLOCK_HW):
                     pos = h + hw_ids
                     mask = ch_ok & (pos < positions)
@@ -170,7 +160,7 @@ def _group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
             xc = tl.where(mask, xs - _total(xs) / size, 0.0)
             rstd = 1.0 / tl.sqrt(_total(xc * xc) / size + eps)
             xhat = xc * rstd
-            g = dy * _channel_param(w_ptr, ch0 + ch_ids, ch_ok, 1.0, HAS_WEIGHT)
+            g = dy * load_param(w_ptr, ch0 + ch_ids, ch_ok, 1.0, HAS_WEIGHT)
             mean_g = _total(g) / size
             mean_gx = _total(g * xhat) / size
             dx = (g - mean_g - xhat * mean_gx) * rstd
@@ -185,7 +175,7 @@ def _group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
             for c in tl.range(0, channels, BLOCK_C):
                 chans = c + ch_ids
                 ch_ok = chans < channels
-                w = _channel_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT)
+                w = load_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT)
                 for h in tl.range(0, positions, BLOCK_HW):
                     pos = h + hw_ids
                     mask = ch_ok & (pos < positions)
@@ -201,7 +191,7 @@ def _group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
             for c in tl.range(0, channels, BLOCK_C):
                 chans = c + ch_ids
                 ch_ok = chans < channels
-                w = _channel_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT)
+                w = load_param(w_ptr, ch0 + chans, ch_ok, 1.0, HAS_WEIGHT)
                 dw_acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
                 db_acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
                 for h in tl.range(0, positions, BLOCK_HW):

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_tile,
-                    param_row, plan_rows)
+from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_param,
+                    load_tile, param_row, plan_rows)
 from ._triton import grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 FORWARD_MEMORY_MULTIPLIER = 5.0
@@ -34,16 +34,6 @@ BACKWARD_MEMORY_MULTIPLIER = 8.0
 # CUDA forward at 4096+ columns: two rows per program on 4 warps (H200, bf16, weight and bias per tile: 135 us
 # at 16384x8192 = 0.94 of copy and 35 us at 8192x4096, against 185 us / 42 us for one row on 16 / 8 warps).
 CUDA_FORWARD_WIDE_ROWS = (CudaWideRows(min_cols=4096, rows=2, warps=4),)
-
-
-@triton.jit
-def _load_param(ptr, cols, mask, default, HAS: tl.constexpr):
-    """A weight/bias chunk in fp32, or ``default`` everywhere when the parameter is absent."""
-    if HAS:
-        p = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    else:
-        p = tl.zeros(cols.shape, dtype=tl.float32) + default
-    return p
 
 
 @triton.jit
@@ -79,14 +69,14 @@ def _layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, x_stride,
     if WHOLE_ROW:  # BLOCK_R whole rows per tile: x read once
         col_mask = col_ids < n_cols
         if not PARAMS_PER_TILE:
-            w = _load_param(w_ptr, col_ids, col_mask, 1.0, HAS_WEIGHT)
-            b = _load_param(b_ptr, col_ids, col_mask, 0.0, HAS_BIAS)
+            w = load_param(w_ptr, col_ids, col_mask, 1.0, HAS_WEIGHT)
+            b = load_param(b_ptr, col_ids, col_mask, 0.0, HAS_BIAS)
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
             mask = (rows < n_rows) & col_mask
             if PARAMS_PER_TILE:  # see _norm.CUDA_PARAMS_PER_TILE
-                w = _load_param(w_ptr, col_ids, col_mask, 1.0, HAS_WEIGHT)
-                b = _load_param(b_ptr, col_ids, col_mask, 0.0, HAS_BIAS)
+                w = load_param(w_ptr, col_ids, col_mask, 1.0, HAS_WEIGHT)
+                b = load_param(b_ptr, col_ids, col_mask, 0.0, HAS_BIAS)
             x = tl.load(x_ptr + rows * x_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
             mean = tl.sum(x, axis=1)[:, None] / n_cols
             xc = tl.where(mask, x - mean, 0.0)
@@ -103,8 +93,8 @@ def _layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, x_stride,
                 cols = c + col_ids
                 mask = row_ok & (cols < n_cols)
                 x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-                w = _load_param(w_ptr, cols, cols < n_cols, 1.0, HAS_WEIGHT)
-                b = _load_param(b_ptr, cols, cols < n_cols, 0.0, HAS_BIAS)
+                w = load_param(w_ptr, cols, cols < n_cols, 1.0, HAS_WEIGHT)
+                b = load_param(b_ptr, cols, cols < n_cols, 0.0, HAS_BIAS)
                 y = (x - mean) * rstd * w + b
                 tl.store(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -122,7 +112,7 @@ def _layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
     db_row = db_ptr + tl.program_id(0).to(tl.int64) * n_cols
     if WHOLE_ROW:
         col_mask = col_ids < n_cols
-        w = _load_param(w_ptr, col_ids, col_mask, 1.0, HAS_WEIGHT)
+        w = load_param(w_ptr, col_ids, col_mask, 1.0, HAS_WEIGHT)
         dw_acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
         db_acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
         if PREFETCH:  # the first tile's loads (see _norm.CUDA_PREFETCH)
@@ -165,7 +155,7 @@ def _layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
                 mask = row_ok & (cols < n_cols)
                 x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(dy_ptr + rows * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
-                g = dy * _load_param(w_ptr, cols, cols < n_cols, 1.0, HAS_WEIGHT)
+                g = dy * load_param(w_ptr, cols, cols < n_cols, 1.0, HAS_WEIGHT)
                 g_acc += g
                 gx_acc += g * tl.where(mask, x - mean, 0.0) * rstd
             mean_g = tl.sum(g_acc, axis=1)[:, None] / n_cols
@@ -176,7 +166,7 @@ def _layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
                 x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(dy_ptr + rows * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
                 xhat = tl.where(mask, x - mean, 0.0) * rstd
-                g = dy * _load_param(w_ptr, cols, cols < n_cols, 1.0, HAS_WEIGHT)
+                g = dy * load_param(w_ptr, cols, cols < n_cols, 1.0, HAS_WEIGHT)
                 dx = (g - mean_g - xhat * mean_gx) * rstd
                 tl.store(dx_ptr + rows * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
                 p_mask = c + p_cols < n_cols
