@@ -39,6 +39,11 @@ def _sum_terms(x, weight, bias, num_groups, eps, dy):
 
 
 def _reference(x, weight, bias, num_groups, eps=1e-5):
+    if any(p is not None and p.dtype != x.dtype for p in (weight, bias)):
+        # half x with float32 parameters: torch's CPU kernel computes in float32 and rounds once; its CUDA kernel
+        # refuses the mix ("expected scalar type Half but found Float"), so spell out the CPU kernel's math
+        return _reference(x.float(), *(None if p is None else p.float() for p in (weight, bias)), num_groups,
+                          eps).to(x.dtype)
     if weight is None and bias is not None:  # torch's backward raises "tensor does not have a device" for this pair
         return (F.group_norm(x, num_groups, None, None, eps) + bias.view(-1, *[1] * (x.dim() - 2))).to(x.dtype)
     return F.group_norm(x, num_groups, weight, bias, eps)

@@ -386,7 +386,7 @@ def test_double_backward_raises_clear_error():
                                                    0.0, "llama"), TypeError, "grad_out must be torch.float32"),
     (lambda: torch.ops.npu_liger.rms_norm_backward(randn((3, 8), torch.float16), randn((3, 8)), None, 1e-6, 0.0,
                                                    "llama"), TypeError, "grad_out must be torch.float32"),
-    (lambda: npu_liger.rms_norm(randn((3, 8)), randn((8,)).numpy()), TypeError, "weight must be a torch.Tensor"),
+    (lambda: npu_liger.rms_norm(randn((3, 8)), randn((8,)).cpu().numpy()), TypeError, "weight must be a torch.Tensor"),
     (lambda: torch.ops.npu_liger.layer_norm_backward(randn((3, 9)), randn((3, 8)), None, None, 1e-5), ValueError,
      r"grad_out must have shape \(3, 8\)"),
 ])

@@ -38,7 +38,8 @@ def check_softmax(x):
     y64, g64 = reference(lambda t: t.double())
     y_lp, g_lp = reference(lambda t: t.clone())
     assert_close(y, y64, y_lp, what="softmax")
-    assert_close(leaf.grad, g64, g_lp, what="grad of x")
+    # the gradient is computed from the stored half-precision y, then stored itself: two roundings
+    assert_close(leaf.grad, g64, g_lp, what="grad of x", roundings=2)
     return y, leaf.grad
 
 
