@@ -80,20 +80,21 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def assert_close(out: torch.Tensor, ref64: torch.Tensor, eager_lowp: torch.Tensor | None = None, *, what="output",
-                 roundings: int = 1):
+                 roundings: int = 1, floor: float = 0.0):
     """``out`` against the float64 reference. Half precision is judged against the eager half-precision
     reference's own error: no worse than twice it, floored at ``roundings`` unit roundoffs (one per rounding to
     the half dtype on the way to ``out``: a gradient computed from a stored half-precision output has two). The
-    floor matters where eager's error is small by luck (a few elements)."""
+    floor matters where eager's error is small by luck (a few elements). ``floor``: a relative error the
+    computation's own conditioning allows (cancellation), computed by the caller from the inputs in float64."""
     assert out.shape == ref64.shape, f"{what}: shape {tuple(out.shape)} != reference {tuple(ref64.shape)}"
     if out.numel() == 0:
         return
     err = rel_error(out, ref64)
     if out.dtype == torch.float32:
-        tol = FP32_RTOL
+        tol = max(FP32_RTOL, floor)
     else:
         assert eager_lowp is not None, "half-precision checks need the eager half-precision reference"
-        tol = max(2.0 * rel_error(eager_lowp, ref64), roundings * UNIT_ROUNDOFF[out.dtype])
+        tol = max(2.0 * rel_error(eager_lowp, ref64), roundings * UNIT_ROUNDOFF[out.dtype], floor)
     assert err <= tol, f"{what} ({out.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
 
 

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npu_liger
-from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiled_forward_backward, assert_no_alias,
-                       assert_unchanged, randn, run_opcheck, snapshot)
+from checklist import (DEVICE, FLOAT_DTYPES, UNIT_ROUNDOFF, assert_close, assert_compiled_forward_backward,
+                       assert_no_alias, assert_unchanged, randn, run_opcheck, snapshot)
 from npu_liger.npu_ops import softmax as kernels
 from npu_liger.npu_ops._norm import plan_rows
 
@@ -38,8 +38,16 @@ def check_softmax(x):
     y64, g64 = reference(lambda t: t.double())
     y_lp, g_lp = reference(lambda t: t.clone())
     assert_close(y, y64, y_lp, what="softmax")
-    # the gradient is computed from the stored half-precision y, then stored itself: two roundings
-    assert_close(leaf.grad, g64, g_lp, what="grad of x", roundings=2)
+    # The gradient y * (dy - sum(y * dy)) cancels where a row is nearly one-hot: each element's rounding error
+    # is about u * y * (|dy| + sum|y * dy|) however small the result (measured on an H200: 6e-4 relative in
+    # float32 for 128 columns of scale 10). Four such units (the sum's order differs between kernels) floor the
+    # tolerance; half precision also rounds twice (the stored y, then the gradient).
+    u = 2.0**-24 if x.dtype == torch.float32 else UNIT_ROUNDOFF[x.dtype]
+    dy64, yy = dy.double(), y64.abs()
+    bound = (yy * (dy64.abs() + (yy * dy64.abs()).sum(-1, keepdim=True))).norm().item()
+    g_norm = g64.norm().item()
+    floor = 4.0 * u * bound / g_norm if g_norm > 0 else 0.0  # a zero gradient (one column) is judged absolutely
+    assert_close(leaf.grad, g64, g_lp, what="grad of x", roundings=2, floor=floor)
     return y, leaf.grad
 
 

@@ -14,8 +14,10 @@ The switch: ``NPU_LIGER_MOE_GROUPED_MM`` = ``auto`` (default, ``DEFAULT_CHOICE``
 applies, else Triton; ``triton``: always Triton; ``torch``: torch's kernel where it applies (the same as auto, but
 says what the caller wants). torch's applies on CUDA, torch >= 2.8 with ``torch._grouped_mm``, bf16 operands (its
 CUTLASS path is bf16-only; others take a slow loop or raise), each operand with one unit stride in its last two
-dims, 16-byte aligned data and other strides (torch raises "strides should be multiple of 16 bytes" otherwise):
-H and I multiples of 8. Read per call (also under torch.compile: the op is opaque and decides at run time).
+dims, 16-byte aligned data and other strides (torch raises "strides should be multiple of 16 bytes" otherwise),
+and output rows of a multiple of 16 bytes: torch 2.11 accepted a (rows, 38) bf16 output (I = 19) and returned
+wrong values (measured on an H200: 1.7 relative error), so N must be a multiple of 8 too. In short: H and I
+multiples of 8. Read per call (also under torch.compile: the op is opaque and decides at run time).
 
 Triton tiles (``MM_TILES``): fixed per backend, never autotuned and never derived from the data, so the tile
 tables' sizes and the grid depend only on shapes; the persistent grid is capped at the plan's program count (the
@@ -73,12 +75,14 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 def torch_grouped_mm_applies(*operands: torch.Tensor) -> bool:
-    """Whether ``torch._grouped_mm`` takes these operands (module docstring), under the current switch."""
+    """Whether ``torch._grouped_mm`` takes these operands (module docstring), under the current switch: the
+    operands aligned and the product's rows (the last operand's last dim) a multiple of 16 bytes."""
     if choice() == "triton":
         return False
-    first = operands[0]
+    first, last = operands[0], operands[-1]
     return (first.device.type == "cuda" and hasattr(torch, "_grouped_mm")
-            and all(t.dtype == torch.bfloat16 for t in operands) and all(map(_aligned, operands)))
+            and all(t.dtype == torch.bfloat16 for t in operands) and all(map(_aligned, operands))
+            and (last.shape[-1] * last.element_size()) % 16 == 0)
 
 
 def _dot_precision(device_type: str, dtype: torch.dtype):
