@@ -527,6 +527,82 @@ def fused_moe_op(env):
         grads=(0, 1, 2, 4))
 
 
+@case
+def fused_moe_expert_parallel(env):
+    """Expert parallel by hand: each rank holds E/world experts (Shard(0) on E), routing indices remapped to local
+    ids with HF's convention (index == E_local: served elsewhere), partial outputs all-reduced: the output and
+    every gradient equal the single-process op's (x and routing-weight grads summed, expert grads per shard)."""
+    import torch
+    import torch.distributed as dist
+
+    import npu_liger
+
+    tokens, hidden, inter, top_k = 6, 8, 4, 2
+    experts = 2 * env.world  # E_local = 2
+    local = experts // env.world
+    x = env.randn(tokens, hidden, seed=50)
+    gate_up, down = env.randn(experts, 2 * inter, hidden, seed=51) / 4, env.randn(experts, hidden, inter, seed=52) / 4
+    index = torch.randint(experts, (tokens, top_k), generator=torch.Generator().manual_seed(53)).to(env.device)
+    weights = env.randn(tokens, top_k, seed=54).softmax(-1)
+    cot = env.randn(tokens, hidden, seed=55)
+    ref = [t.clone().requires_grad_(t.is_floating_point()) for t in (x, gate_up, down, index, weights)]
+    ref_out = npu_liger.fused_moe(*ref)
+    (ref_out * cot).sum().backward()
+
+    first = env.rank * local
+    mine = slice(first, first + local)
+    local_index = torch.where((index >= first) & (index < first + local), index - first, local)
+    args = [x.clone().requires_grad_(), gate_up[mine].clone().requires_grad_(), down[mine].clone().requires_grad_(),
+            local_index, weights.clone().requires_grad_()]
+    partial = npu_liger.fused_moe(*args)
+    (partial * cot).sum().backward()  # d(sum of partials)/d(local args): each rank's share of the gradient
+    out = partial.detach().clone()
+    for t in (out, args[0].grad, args[4].grad):
+        dist.all_reduce(t)
+    torch.testing.assert_close(out, ref_out.detach())
+    torch.testing.assert_close(args[0].grad, ref[0].grad)
+    torch.testing.assert_close(args[4].grad, ref[4].grad)
+    torch.testing.assert_close(args[1].grad, ref[1].grad[mine])
+    torch.testing.assert_close(args[2].grad, ref[2].grad[mine])
+
+
+@case
+def compiled_new_ops(env):
+    """torch.compile(fullgraph=True) over DTensor inputs for the ops added since the first distributed rounds:
+    rows sharded (S(0)) through softmax, dyt, poly_norm, kl_div, cross_entropy with class weights, fused_moe."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    rows, width, experts, inter = 4, 8, 3, 4
+    x = env.randn(rows, width, seed=60)
+    alpha, gamma, beta, pw = env.randn(1, seed=61), env.randn(width, seed=62), env.randn(width, seed=63), \
+        env.randn(3, seed=64)
+    target = torch.softmax(env.randn(rows, width, seed=65), -1)
+    labels = torch.tensor([1, -100, 3, 0], device=env.device)
+    class_weight = env.randn(width, seed=66).abs() + 0.5
+    gate_up, down = env.randn(experts, 2 * inter, width, seed=67) / 4, env.randn(experts, width, inter, seed=68) / 4
+    index = torch.tensor([[0, 3], [2, 1], [1, 1], [3, 0]], device=env.device)
+    weights = env.randn(rows, 2, seed=69).softmax(-1)
+
+    pb = env.randn(1, seed=70)
+
+    def block(x_, a_, g_, b_, pw_, pb_, t_, lab, cw, gu, dn, idx, wts):
+        h = npu_liger.dyt(x_, a_, g_, b_)
+        s = npu_liger.softmax(npu_liger.poly_norm(h, pw_, pb_))
+        kl = npu_liger.kl_div(torch.log(s), t_, "none")
+        ce = npu_liger.cross_entropy(h, lab, weight=cw, reduction="none")
+        return kl, ce, npu_liger.fused_moe(h, gu, dn, idx, wts)
+
+    compiled = torch.compile(block, fullgraph=True, backend=_compile_backend())
+    check_sharded(env, compiled, (x, alpha, gamma, beta, pw, pb, target, labels, class_weight, gate_up, down, index,
+                                  weights),
+                  [layout(S(0), R, R, R, R, R, S(0), S(0), R, R, R, S(0), S(0), out=(S(0), S(0), S(0)),
+                          no_comm=False)],
+                  grads=(0, 1, 2, 3, 4, 5, 9, 10, 12))
+
+
 def _rope_inputs(env, seq=6):
     q, k = env.randn(2, 4, seq, 8, seed=8), env.randn(2, 2, seq, 8, seed=9)  # GQA: 4 query heads, 2 kv heads
     return q, k
