@@ -507,6 +507,40 @@ def loss_ops(env):
 
 
 @case
+def loss_options_ops(env):
+    """cross_entropy / fused_linear_cross_entropy with class weights, label smoothing, softcap, z-loss and token
+    scaling, and the *_with_stats variants: tokens sharded run without communication for ``none`` (loss, z-loss
+    and per-row accuracy S(0)) and, without statistics, ``sum`` (P); a scalar reduction with statistics and
+    ``mean`` are gathered first (exact)."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    rows, vocab, hidden = 8, 24, 8
+    target = torch.randint(vocab, (rows,), generator=torch.Generator().manual_seed(80)).to(env.device)
+    target[[2, 5]] = -100
+    logits, x = env.randn(rows, vocab, seed=81), env.randn(rows, hidden, seed=82)
+    weight, class_weight = env.randn(vocab, hidden, seed=83) / 3, env.randn(vocab, seed=84).abs() + 0.5
+    opts = dict(label_smoothing=0.1, softcap=20.0, lse_square_scale=1e-3, use_token_scaling=True)
+    for reduction, stats in (("none", False), ("sum", False), ("mean", False), ("none", True), ("sum", True)):
+        tokens = None if stats and reduction != "none" else {"none": (S(0),), "sum": (P,)}.get(reduction)
+        n_out = 3 if stats else 1
+        pick = (lambda o: (o.loss, o.z_loss, o.token_accuracy)) if stats else (lambda o: o)  # noqa: E731
+        flags = dict(return_z_loss=True, return_token_accuracy=True) if stats else {}
+        ce = lambda lg, t, cw: pick(npu_liger.cross_entropy(lg, t, cw, reduction=reduction, **opts, **flags))  # noqa: E731
+        check_sharded(env, ce, (logits, target, class_weight), [
+            layout(R, R, R, out=(R,) * n_out), layout(S(0), S(0), R, out=None if tokens is None else tokens * n_out,
+                                                      no_comm=tokens is not None)], grads=(0,))
+        flce = lambda x_, w, t, cw: pick(npu_liger.fused_linear_cross_entropy(  # noqa: E731
+            x_, w, t, None, cw, reduction=reduction, **opts, **flags))
+        with _flce_chunks_of(2):
+            check_sharded(env, flce, (x, weight, target, class_weight), [
+                layout(S(0), R, S(0), R, out=None if tokens is None else tokens * n_out, no_comm=tokens is not None)],
+                grads=(0, 1))
+
+
+@case
 def fused_moe_op(env):
     """Tokens sharded (x, index and weights S(0): data or sequence parallel) run without communication (expert
     gradients P); tensor parallel on the intermediate dim and expert parallel on E have no exact local rule, so
