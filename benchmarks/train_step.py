@@ -72,6 +72,10 @@ FAMILIES = {
                     (("hidden_act", "gelu_pytorch_tanh"),)),
     # Qwen3: SwiGLU with RMSNorm on q and k per head
     "qwen3": Family("Qwen3Config", "Qwen3ForCausalLM", "apply_liger_kernel_to_qwen3"),
+    # Qwen3-MoE: every layer sparse, 8 experts top-2 of a quarter of ``intermediate`` each (npu_liger.fused_moe)
+    "qwen3_moe": Family("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "apply_liger_kernel_to_qwen3_moe",
+                        (("num_experts", 8), ("num_experts_per_tok", 2), ("decoder_sparse_step", 1),
+                         ("norm_topk_prob", True))),
 }
 
 
@@ -116,6 +120,8 @@ def model_config(family: str, size: dict):
         head_dim=size["head_dim"], max_position_embeddings=max(size["seq"], 2048), attn_implementation="sdpa",
         **dict(fam.extra))
     config.use_cache = False  # training: no KV cache
+    if hasattr(config, "moe_intermediate_size"):
+        config.moe_intermediate_size = size["intermediate"] // 4
     return config
 
 

@@ -1,5 +1,5 @@
-"""Train a small Llama-style Hugging Face model with FSDP2 on several processes, its MLPs and rotary embeddings
-running npu_liger's ops.
+"""Train a small Llama-style (or, with ``--family qwen3_moe``, Qwen3-MoE-style) Hugging Face model with FSDP2 on
+several processes, its MLPs (experts) and rotary embeddings running npu_liger's ops.
 
     torchrun --nproc-per-node 2 examples/fsdp_train.py --device cpu   # CPU: gloo + the Triton interpreter
     torchrun --nproc-per-node 2 examples/fsdp_train.py                # GPUs (NCCL) or Ascend NPUs (HCCL)
@@ -22,6 +22,8 @@ def parse_args():
                    help="default: an NPU if torch_npu is installed, else a GPU if present, else the CPU")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--family", choices=("llama", "qwen3_moe"), default="llama",
+                   help="qwen3_moe: a Qwen3-MoE-style model (every layer 4 experts, top-2: npu_liger.fused_moe)")
     return p.parse_args()
 
 
@@ -46,7 +48,7 @@ def main():
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     import npu_liger.transformers as nlt
 
@@ -59,13 +61,17 @@ def main():
     device = torch.device(device_type, local_rank) if device_type != "cpu" else torch.device("cpu")
 
     # A model small enough for the CPU interpreter: 2 layers, 4 query / 2 key-value heads of 16, vocab 32.
-    config = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                         use_cache=False)
+    shape = dict(vocab_size=32, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=64, use_cache=False)
+    if args.family == "qwen3_moe":  # the same, its MLPs 4 experts of 48 (2 per token)
+        config, model_cls = Qwen3MoeConfig(**shape, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                           decoder_sparse_step=1, norm_topk_prob=True), Qwen3MoeForCausalLM
+    else:
+        config, model_cls = LlamaConfig(**shape), LlamaForCausalLM
     torch.manual_seed(0)  # the same initial weights on every rank
     with torch.device(device):
-        model = LlamaForCausalLM(config)
-    nlt.apply_to_model(model)  # gated MLPs -> npu_liger.swiglu, rotary -> npu_liger.rope
+        model = model_cls(config)
+    nlt.apply_to_model(model)  # gated MLPs -> npu_liger.swiglu (experts: fused_moe), rotary -> npu_liger.rope
     if rank == 0:
         print(f"{dist.get_world_size()} ranks on {device_type}; npu_liger patches: {nlt.patch_summary(model)}")
     for layer in model.model.layers:

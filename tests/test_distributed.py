@@ -507,6 +507,40 @@ def loss_ops(env):
 
 
 @case
+def loss_options_ops(env):
+    """cross_entropy / fused_linear_cross_entropy with class weights, label smoothing, softcap, z-loss and token
+    scaling, and the *_with_stats variants: tokens sharded run without communication for ``none`` (loss, z-loss
+    and per-row accuracy S(0)) and, without statistics, ``sum`` (P); a scalar reduction with statistics and
+    ``mean`` are gathered first (exact)."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    rows, vocab, hidden = 8, 24, 8
+    target = torch.randint(vocab, (rows,), generator=torch.Generator().manual_seed(80)).to(env.device)
+    target[[2, 5]] = -100
+    logits, x = env.randn(rows, vocab, seed=81), env.randn(rows, hidden, seed=82)
+    weight, class_weight = env.randn(vocab, hidden, seed=83) / 3, env.randn(vocab, seed=84).abs() + 0.5
+    opts = dict(label_smoothing=0.1, softcap=20.0, lse_square_scale=1e-3, use_token_scaling=True)
+    for reduction, stats in (("none", False), ("sum", False), ("mean", False), ("none", True), ("sum", True)):
+        tokens = None if stats and reduction != "none" else {"none": (S(0),), "sum": (P,)}.get(reduction)
+        n_out = 3 if stats else 1
+        pick = (lambda o: (o.loss, o.z_loss, o.token_accuracy)) if stats else (lambda o: o)  # noqa: E731
+        flags = dict(return_z_loss=True, return_token_accuracy=True) if stats else {}
+        ce = lambda lg, t, cw: pick(npu_liger.cross_entropy(lg, t, cw, reduction=reduction, **opts, **flags))  # noqa: E731
+        check_sharded(env, ce, (logits, target, class_weight), [
+            layout(R, R, R, out=(R,) * n_out), layout(S(0), S(0), R, out=None if tokens is None else tokens * n_out,
+                                                      no_comm=tokens is not None)], grads=(0,))
+        flce = lambda x_, w, t, cw: pick(npu_liger.fused_linear_cross_entropy(  # noqa: E731
+            x_, w, t, None, cw, reduction=reduction, **opts, **flags))
+        with _flce_chunks_of(2):
+            check_sharded(env, flce, (x, weight, target, class_weight), [
+                layout(S(0), R, S(0), R, out=None if tokens is None else tokens * n_out, no_comm=tokens is not None)],
+                grads=(0, 1))
+
+
+@case
 def fused_moe_op(env):
     """Tokens sharded (x, index and weights S(0): data or sequence parallel) run without communication (expert
     gradients P); tensor parallel on the intermediate dim and expert parallel on E have no exact local rule, so
@@ -525,6 +559,82 @@ def fused_moe_op(env):
         layout(R, R, R, R, R, out=(R,)), layout(S(0), R, R, S(0), S(0), out=(S(0),)),
         layout(R, S(1), S(2), R, R, no_comm=False), layout(R, S(0), S(0), R, R, no_comm=False)],
         grads=(0, 1, 2, 4))
+
+
+@case
+def fused_moe_expert_parallel(env):
+    """Expert parallel by hand: each rank holds E/world experts (Shard(0) on E), routing indices remapped to local
+    ids with HF's convention (index == E_local: served elsewhere), partial outputs all-reduced: the output and
+    every gradient equal the single-process op's (x and routing-weight grads summed, expert grads per shard)."""
+    import torch
+    import torch.distributed as dist
+
+    import npu_liger
+
+    tokens, hidden, inter, top_k = 6, 8, 4, 2
+    experts = 2 * env.world  # E_local = 2
+    local = experts // env.world
+    x = env.randn(tokens, hidden, seed=50)
+    gate_up, down = env.randn(experts, 2 * inter, hidden, seed=51) / 4, env.randn(experts, hidden, inter, seed=52) / 4
+    index = torch.randint(experts, (tokens, top_k), generator=torch.Generator().manual_seed(53)).to(env.device)
+    weights = env.randn(tokens, top_k, seed=54).softmax(-1)
+    cot = env.randn(tokens, hidden, seed=55)
+    ref = [t.clone().requires_grad_(t.is_floating_point()) for t in (x, gate_up, down, index, weights)]
+    ref_out = npu_liger.fused_moe(*ref)
+    (ref_out * cot).sum().backward()
+
+    first = env.rank * local
+    mine = slice(first, first + local)
+    local_index = torch.where((index >= first) & (index < first + local), index - first, local)
+    args = [x.clone().requires_grad_(), gate_up[mine].clone().requires_grad_(), down[mine].clone().requires_grad_(),
+            local_index, weights.clone().requires_grad_()]
+    partial = npu_liger.fused_moe(*args)
+    (partial * cot).sum().backward()  # d(sum of partials)/d(local args): each rank's share of the gradient
+    out = partial.detach().clone()
+    for t in (out, args[0].grad, args[4].grad):
+        dist.all_reduce(t)
+    torch.testing.assert_close(out, ref_out.detach())
+    torch.testing.assert_close(args[0].grad, ref[0].grad)
+    torch.testing.assert_close(args[4].grad, ref[4].grad)
+    torch.testing.assert_close(args[1].grad, ref[1].grad[mine])
+    torch.testing.assert_close(args[2].grad, ref[2].grad[mine])
+
+
+@case
+def compiled_new_ops(env):
+    """torch.compile(fullgraph=True) over DTensor inputs for the ops added since the first distributed rounds:
+    rows sharded (S(0)) through softmax, dyt, poly_norm, kl_div, cross_entropy with class weights, fused_moe."""
+    import torch
+
+    import npu_liger
+
+    R, P, S = _placements()
+    rows, width, experts, inter = 4, 8, 3, 4
+    x = env.randn(rows, width, seed=60)
+    alpha, gamma, beta, pw = env.randn(1, seed=61), env.randn(width, seed=62), env.randn(width, seed=63), \
+        env.randn(3, seed=64)
+    target = torch.softmax(env.randn(rows, width, seed=65), -1)
+    labels = torch.tensor([1, -100, 3, 0], device=env.device)
+    class_weight = env.randn(width, seed=66).abs() + 0.5
+    gate_up, down = env.randn(experts, 2 * inter, width, seed=67) / 4, env.randn(experts, width, inter, seed=68) / 4
+    index = torch.tensor([[0, 3], [2, 1], [1, 1], [3, 0]], device=env.device)
+    weights = env.randn(rows, 2, seed=69).softmax(-1)
+
+    pb = env.randn(1, seed=70)
+
+    def block(x_, a_, g_, b_, pw_, pb_, t_, lab, cw, gu, dn, idx, wts):
+        h = npu_liger.dyt(x_, a_, g_, b_)
+        s = npu_liger.softmax(npu_liger.poly_norm(h, pw_, pb_))
+        kl = npu_liger.kl_div(torch.log(s), t_, "none")
+        ce = npu_liger.cross_entropy(h, lab, weight=cw, reduction="none")
+        return kl, ce, npu_liger.fused_moe(h, gu, dn, idx, wts)
+
+    compiled = torch.compile(block, fullgraph=True, backend=_compile_backend())
+    check_sharded(env, compiled, (x, alpha, gamma, beta, pw, pb, target, labels, class_weight, gate_up, down, index,
+                                  weights),
+                  [layout(S(0), R, R, R, R, R, S(0), S(0), R, R, R, S(0), S(0), out=(S(0), S(0), S(0)),
+                          no_comm=False)],
+                  grads=(0, 1, 2, 3, 4, 5, 9, 10, 12))
 
 
 def _rope_inputs(env, seq=6):

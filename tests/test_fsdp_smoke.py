@@ -48,3 +48,22 @@ def test_fsdp_train_example():
     assert len(losses) == 3, out  # rank 0 alone prints, once per step
     assert "'swiglu': 2" in out and "llama.apply_rotary_pos_emb" in out, out
     assert losses[-1] < losses[0], losses
+
+
+def test_fsdp_moe_smoke(tmp_path):
+    """A Qwen3-MoE-style model under FSDP2: experts on npu_liger.fused_moe follow transformers' loss curve."""
+    _run([sys.executable, str(REPO / "benchmarks" / "fsdp_throughput.py"), "--device", "cpu", "--smoke",
+          "--family", "qwen3_moe", "--variants", "hf_eager,npu_liger", "--out", str(tmp_path)])
+    by = {r["variant"]: r for r in json.loads((tmp_path / "fsdp.json").read_text())["rows"]}
+    eager, ours = by["hf_eager"], by["npu_liger"]
+    assert ours["first_loss"] == pytest.approx(eager["first_loss"], rel=1e-5)
+    assert ours["last_loss"] == pytest.approx(eager["last_loss"], rel=1e-4)
+    assert "'fused_moe': 2" in ours["note"] and "qwen3_moe.apply_rotary_pos_emb" in ours["note"], ours["note"]
+
+
+def test_fsdp_train_example_moe():
+    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                str(REPO / "examples" / "fsdp_train.py"), "--device", "cpu", "--steps", "3", "--family", "qwen3_moe"])
+    losses = [float(x) for x in re.findall(r"^step +\d+ +loss ([0-9.]+)$", out, re.M)]
+    assert len(losses) == 3 and "'fused_moe': 2" in out, out
+    assert losses[-1] < losses[0], losses
