@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable, Dict, Iterable, Sequence
 
@@ -79,6 +80,18 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / denom
 
 
+def half_precision_tolerance(eager_lowp: torch.Tensor | None, ref64: torch.Tensor, dtype: torch.dtype,
+                             roundings: int = 1) -> float:
+    """Twice the eager half-precision reference's error, floored at ``roundings`` unit roundoffs of ``dtype``.
+    Where eager itself is not finite (a log of a mixture that underflowed in half precision), its error is no
+    yardstick: the floor is then at least two roundings (the inputs' and the result's)."""
+    assert eager_lowp is not None, "half-precision checks need the eager half-precision reference"
+    eager_err = rel_error(eager_lowp, ref64)
+    if not math.isfinite(eager_err):
+        return max(roundings, 2) * UNIT_ROUNDOFF[dtype]
+    return max(2.0 * eager_err, roundings * UNIT_ROUNDOFF[dtype])
+
+
 def assert_close(out: torch.Tensor, ref64: torch.Tensor, eager_lowp: torch.Tensor | None = None, *, what="output",
                  roundings: int = 1, floor: float = 0.0):
     """``out`` against the float64 reference. Half precision is judged against the eager half-precision
@@ -93,8 +106,7 @@ def assert_close(out: torch.Tensor, ref64: torch.Tensor, eager_lowp: torch.Tenso
     if out.dtype == torch.float32:
         tol = max(FP32_RTOL, floor)
     else:
-        assert eager_lowp is not None, "half-precision checks need the eager half-precision reference"
-        tol = max(2.0 * rel_error(eager_lowp, ref64), roundings * UNIT_ROUNDOFF[out.dtype], floor)
+        tol = max(half_precision_tolerance(eager_lowp, ref64, out.dtype, roundings), floor)
     assert err <= tol, f"{what} ({out.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
 
 

@@ -11,7 +11,8 @@ import npu_liger
 import npu_liger.npu_ops._divergence as divergence
 from npu_liger.npu_ops._triton import flat_plan
 from checklist import (DEVICE, FLOAT_DTYPES, UNIT_ROUNDOFF, assert_close, assert_compiled_forward_backward,
-                       assert_no_alias, assert_unchanged, randn, rel_error, run_opcheck, snapshot)
+                       assert_no_alias, assert_unchanged, half_precision_tolerance, randn, rel_error, run_opcheck,
+                       snapshot)
 from op_cases import jsd_reference as reference
 
 jsd_op = torch.ops.npu_liger.jsd.default
@@ -31,7 +32,7 @@ def assert_grad_close(got, ref64, eager, what, extra_roundings=0.0):
     if got.dtype == torch.float32 or not extra_roundings:
         return assert_close(got, ref64, eager, what=what)
     err = rel_error(got, ref64)
-    tol = max(2.0 * rel_error(eager, ref64), UNIT_ROUNDOFF[got.dtype]) + extra_roundings * UNIT_ROUNDOFF[got.dtype]
+    tol = half_precision_tolerance(eager, ref64, got.dtype) + extra_roundings * UNIT_ROUNDOFF[got.dtype]
     assert err <= tol, f"{what} ({got.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
 
 
@@ -53,6 +54,20 @@ def make_labels(n_rows, mode, ignore_index=-100, dtype=torch.int64):
     return labels
 
 
+def loss_rounding_floor(x64, target, shift_labels, ignore_index, out64):
+    """The loss's float32 error that cancellation allows: the sum cancels where the distributions nearly agree
+    (measured: 2.7e-3 relative for 3 rows of 2 columns), each term's rounding about u * (|P log P| + |Q log Q| +
+    (|P| + |Q|) |log M|); eight such units (exp, log and the sums' order) over the loss. 0 for a zero loss."""
+    t64 = target.detach().double()
+    p, q = t64.exp(), x64.detach().exp()
+    log_m = torch.logaddexp(t64, x64.detach()) - torch.log(torch.tensor(2.0, dtype=torch.float64))
+    terms = ((p * t64).abs() + (q * x64.detach()).abs() + (p + q) * log_m.abs()).sum(-1)
+    if shift_labels is not None:
+        terms = terms[shift_labels != ignore_index]
+    loss = out64.detach().abs().item() * max(terms.numel(), 1)  # the reference averages over the valid rows
+    return 8.0 * 2.0**-24 * terms.sum().item() / loss if loss > 0 else 0.0
+
+
 def check(input, target, shift_labels=None, beta=0.5, ignore_index=-100, grad_scale=1.0):
     """Loss (fp32) and grad_input against float64 (half precision: grad against the eager half-precision
     reference's error; the loss of exactly-upcast inputs is judged at fp32), inputs untouched."""
@@ -71,7 +86,8 @@ def check(input, target, shift_labels=None, beta=0.5, ignore_index=-100, grad_sc
                        if x_lp.dtype != target.dtype else target, shift_labels, beta, ignore_index)
     (out_lp * grad_scale).backward()
     assert out.dtype == torch.float32 and out.shape == () and input.grad.dtype == input.dtype
-    assert_close(out, out64, what=f"jsd (beta={beta})")
+    assert_close(out, out64, what=f"jsd (beta={beta})", floor=loss_rounding_floor(x64, target, shift_labels,
+                                                                               ignore_index, out64))
     assert_grad_close(input.grad, x64.grad, x_lp.grad, f"grad input (beta={beta})", float(grad_scale != 1.0))
     if shift_labels is not None:
         assert (input.grad[shift_labels == ignore_index] == 0).all()
