@@ -50,10 +50,11 @@ PUBLISHED = os.path.join(REPO, "benchmarks", "results", "train_step")
 # Model and batch sizes. "default" is the issue's Llama-style model; "smoke" is small enough for the Triton
 # interpreter on two shared CPU cores.
 SIZES = {
+    # MoE families (a config with moe_intermediate_size): the MoE issue's Qwen3-MoE shape, 64 experts of 768, top-8
     "default": dict(layers=8, hidden=2048, intermediate=8192, heads=16, kv_heads=8, head_dim=128, vocab=128256,
-                    batch=4, seq=2048),
+                    batch=4, seq=2048, experts=64, top_k=8, moe_intermediate=768),
     "smoke": dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, vocab=256,
-                  batch=2, seq=16),
+                  batch=2, seq=16, experts=8, top_k=2, moe_intermediate=32),
 }
 
 
@@ -74,8 +75,7 @@ FAMILIES = {
     "qwen3": Family("Qwen3Config", "Qwen3ForCausalLM", "apply_liger_kernel_to_qwen3"),
     # Qwen3-MoE: every layer sparse, 8 experts top-2 of a quarter of ``intermediate`` each (npu_liger.fused_moe)
     "qwen3_moe": Family("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "apply_liger_kernel_to_qwen3_moe",
-                        (("num_experts", 8), ("num_experts_per_tok", 2), ("decoder_sparse_step", 1),
-                         ("norm_topk_prob", True))),
+                        (("decoder_sparse_step", 1), ("norm_topk_prob", True))),
 }
 
 
@@ -84,10 +84,12 @@ class Variant:
     npu_liger: Optional[str] = None  # None, "same" (Liger's partial patch's ops) or "full" (defaults)
     liger: Optional[str] = None  # likewise for Liger-Kernel
     compiled: bool = False
+    experts: Optional[str] = None  # transformers' experts_implementation (None: its default, grouped_mm where it can)
 
 
 VARIANTS = {
     "hf_eager": Variant(),
+    "hf_experts_loop": Variant(experts="eager"),  # MoE families: transformers' per-expert Python loop
     "npu_liger_same_ops": Variant(npu_liger="same"),
     "liger_same_ops": Variant(liger="same"),
     "npu_liger": Variant(npu_liger="full"),
@@ -110,7 +112,7 @@ def patch_kwargs(patch_fn, which: str) -> dict:
     return {p.name: p.name in SAME_OPS for p in params if isinstance(p.default, bool)}
 
 
-def model_config(family: str, size: dict):
+def model_config(family: str, size: dict, experts_implementation: Optional[str] = None):
     import transformers
 
     fam = FAMILIES[family]
@@ -121,7 +123,10 @@ def model_config(family: str, size: dict):
         **dict(fam.extra))
     config.use_cache = False  # training: no KV cache
     if hasattr(config, "moe_intermediate_size"):
-        config.moe_intermediate_size = size["intermediate"] // 4
+        config.moe_intermediate_size = size["moe_intermediate"]
+        config.num_experts, config.num_experts_per_tok = size["experts"], size["top_k"]
+    if experts_implementation is not None:
+        config._experts_implementation = experts_implementation
     return config
 
 
@@ -162,7 +167,7 @@ def build_model(family: str, size: dict, variant: Variant, device, dtype, seed: 
         note = f"{fam.liger_patch}({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
     torch.manual_seed(seed)
     with torch.device(device):
-        model = getattr(transformers, fam.model)(model_config(family, size))
+        model = getattr(transformers, fam.model)(model_config(family, size, variant.experts))
     model = model.to(dtype)
     model.train()
     if variant.npu_liger is not None:
