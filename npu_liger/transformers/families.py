@@ -121,8 +121,4 @@ def rope_patched(family: Family) -> list:
     return [fname for fname, dropin, *_ in family.rope if getattr(module, fname, None) is dropin]
 
 
-def _source(func) -> Optional[str]:
-    try:
-        return "".join(inspect.getsource(func).split())
-    except (OSError, TypeError):
-        return None
+_source = squeezed
