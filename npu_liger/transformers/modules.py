@@ -138,7 +138,8 @@ def _fused_moe_llama4_experts_forward(self, hidden_states):
 _MLP_FORWARDS = {"geglu": _geglu_mlp_forward, "swiglu": _swiglu_mlp_forward}
 _FUSED_MLP_FORWARDS = {"geglu": _geglu_fused_mlp_forward, "swiglu": _swiglu_fused_mlp_forward}
 _EXPERT_FORWARDS = {"fused_moe": _fused_moe_experts_forward}
-_FORWARD_OPS = {**{f: op for table in (_MLP_FORWARDS, _FUSED_MLP_FORWARDS, _EXPERT_FORWARDS) for op, f in table.items()},
+_FORWARD_OPS = {**{f: op for table in (_MLP_FORWARDS, _FUSED_MLP_FORWARDS, _EXPERT_FORWARDS)
+                   for op, f in table.items()},
                 _fused_moe_llama4_experts_forward: "fused_moe"}
 PATCHED_FORWARDS = frozenset(_FORWARD_OPS)
 

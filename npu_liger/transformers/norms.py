@@ -91,7 +91,8 @@ EXEMPLARS = (("llama", "LlamaRMSNorm", _llama_rms_forward, _LLAMA_SOURCE),
              ("olmo2", "Olmo2RMSNorm", _olmo2_rms_forward, _OLMO2_SOURCE),
              ("llama4", "Llama4TextRMSNorm", _llama4_rms_forward, _LLAMA4_SOURCE),
              ("llama4", "Llama4TextL2Norm", _l2_norm_forward, _L2_SOURCE))
-NORM_OPS = {_olmo2_rms_forward: "rms_norm", _llama_rms_forward: "rms_norm", _llama4_rms_forward: "rms_norm", _gemma_rms_forward: "rms_norm",
+NORM_OPS = {_olmo2_rms_forward: "rms_norm", _llama_rms_forward: "rms_norm", _llama4_rms_forward: "rms_norm",
+            _gemma_rms_forward: "rms_norm",
             _l2_norm_forward: "rms_norm", _layer_norm_forward: "layer_norm", _group_norm_forward: "group_norm"}
 
 

@@ -35,7 +35,7 @@ class PatchReport:
         self.patched[kind][f"{what} -> {op}"] += 1
 
     def add_left(self, kind: str, what: str, reason: str) -> None:
-        self.left[kind].setdefault(what, reason)
+        self.left.setdefault(kind, {}).setdefault(what, reason)
 
     def is_patched(self, kind: str, what: str) -> bool:
         return any(key.split(" -> ")[0] == what for key in self.patched[kind])
