@@ -8,6 +8,7 @@ import os
 from typing import Callable, Dict, Iterable, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 DEVICE = os.environ.get("NPU_LIGER_TEST_DEVICE", "cpu")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -245,3 +246,17 @@ def check_rotary_pair(op: Callable, reference: Callable, q: torch.Tensor, k: tor
     assert_close(q.grad, q64.grad, q_lp.grad, what="grad_q")
     assert_close(k.grad, k64.grad, k_lp.grad, what="grad_k")
     return q_out, k_out, q, k
+
+
+class CountOps(TorchDispatchMode):
+    """Counts ``torch.ops.npu_liger.*`` calls at the dispatcher (independent of npu_liger.transformers' own
+    counter): ``with CountOps() as counter: ...; counter.counts["swiglu"]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "npu_liger":
+            self.counts[func._opname] = self.counts.get(func._opname, 0) + 1
+        return func(*args, **(kwargs or {}))

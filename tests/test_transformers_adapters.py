@@ -14,9 +14,8 @@ import copy
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from checklist import DEVICE, FP32_RTOL, rel_error
+from checklist import CountOps, DEVICE, FP32_RTOL, rel_error
 
 transformers = pytest.importorskip("transformers")
 import npu_liger.transformers as nlt  # noqa: E402
@@ -27,15 +26,6 @@ CONFIG = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden
               bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
-class _CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "npu_liger":
-            self.counts[func._opname] = self.counts.get(func._opname, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +62,7 @@ def _assert_same_step(model, ref_model, **kwargs):
     """``model`` (patched) and ``ref_model`` (unpatched) give the same loss, logits and gradients, and the patched
     one ran lm_head itself (npu_liger's cross entropy on its logits, not the fused loss)."""
     ref, ref_grads = _step(ref_model, **kwargs)
-    with _CountOps() as counter:
+    with CountOps() as counter:
         out, grads = _step(model, **kwargs)
     assert "fused_linear_cross_entropy_with_grad" not in counter.counts, counter.counts
     assert counter.counts.get("cross_entropy_with_grad") == 1, counter.counts
@@ -194,7 +184,7 @@ def test_loss_patch_fuses_again_once_the_hook_is_removed():
     handle = model.lm_head.register_forward_hook(_scale_output)
     handle.remove()
     ref, _ = _step(ref_model)
-    with _CountOps() as counter:
+    with CountOps() as counter:
         out, _ = _step(model)
     assert counter.counts.get("fused_linear_cross_entropy_with_grad") == 1, counter.counts
     assert out.logits is None and rel_error(out.loss, ref.loss) <= FP32_RTOL

@@ -22,9 +22,8 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from checklist import DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error
+from checklist import CountOps, DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error
 
 transformers = pytest.importorskip("transformers")
 import npu_liger.transformers as nlt  # noqa: E402
@@ -99,17 +98,6 @@ FAMILIES = {
 NORMS_PER_LAYER = {"qwen3": 4, "gemma2": 4, "gemma3": 6}
 
 
-class CountOps(TorchDispatchMode):
-    """Counts torch.ops.npu_liger.* calls at the dispatcher (independent of npu_liger.transformers)."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "npu_liger":
-            self.counts[func._opname] = self.counts.get(func._opname, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 def _require_ops(ops):

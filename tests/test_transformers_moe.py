@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from checklist import DEVICE, FP32_RTOL, rel_error
+from checklist import CountOps, DEVICE, FP32_RTOL, rel_error
 
 transformers = pytest.importorskip("transformers")
 import npu_liger.transformers as nlt  # noqa: E402
@@ -85,15 +84,6 @@ FAMILIES = {"mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_mo
             "hunyuan_v1_moe": _hunyuan_moe}
 
 
-class CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "npu_liger":
-            self.counts[func._opname] = self.counts.get(func._opname, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(autouse=True)

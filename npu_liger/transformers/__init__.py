@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .families import FAMILIES
 from .liger_compat import *  # noqa: F401,F403 - Liger-Kernel's apply_liger_kernel_to_<family> names
-from .model import apply_to_family, apply_to_model, patch_summary, revert, unpatch
+from .model import apply_to_family, apply_to_model, patch_report, patch_summary, revert, unpatch
 from .ops_used import count_npu_liger_ops
 from .rope import apply_multimodal_rotary_pos_emb, apply_rotary_emb, apply_rotary_pos_emb
 
@@ -69,6 +69,7 @@ __all__ = [
     "apply_to_family",
     "apply_to_model",
     "count_npu_liger_ops",
+    "patch_report",
     "patch_summary",
     "revert",
     "unpatch",

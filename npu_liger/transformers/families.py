@@ -13,34 +13,58 @@ the same arithmetic; docs/DESIGN.md explains why ``qwen2vl_mrope`` is not used t
 
 from __future__ import annotations
 
+import functools
 import importlib
-import inspect
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Optional, Tuple
+from typing import Tuple
 
 from .. import _install
-from . import _patching, rope
+from . import _patching, report, rope
+from ._source import canonical, squeezed
 
-# (function name in the modeling module, drop-in, npu_liger op, a fragment of transformers' source for it
-# (whitespace removed) that must be present: a release that changed the math is left alone, with a warning)
-PLAIN_ROPE = (("apply_rotary_pos_emb", rope.apply_rotary_pos_emb, "rope", "(q*cos)+(rotate_half(q)*sin)"),)
+# (function name in the modeling module, drop-in, npu_liger op, fragments of transformers' source for it
+# (whitespace removed) that must all be present: a release that changed the math is left alone, with a warning).
+# A function that calls rotate_half must find the module's rotate_half to be Llama's (GLM's is interleaved).
+PLAIN_ROPE = (("apply_rotary_pos_emb", rope.apply_rotary_pos_emb, "rope", ("(q*cos)+(rotate_half(q)*sin)",)),)
+# partial rotary (Phi-3, Qwen3-Next / Qwen3.5, GLM-4-MoE, Nemotron): the first cos.shape[-1] dims rotated, the rest
+# passed through
+PARTIAL_ROPE = (("apply_rotary_pos_emb", rope.apply_rotary_pos_emb, "rope",
+                 ("rotary_dim=cos.shape[-1]", "q_rot,q_pass=q[...,:rotary_dim],q[...,rotary_dim:]",
+                  "(q_rot*cos)+(rotate_half(q_rot)*sin)", "q_pass],dim=-1)")),)
+NEMOTRON_ROPE = (("apply_rotary_pos_emb", rope.apply_rotary_pos_emb, "rope",
+                  ("rot_dim=cos.shape[-1]", "q,q_pass=q[...,:rot_dim],q[...,rot_dim:]", "(q*cos)+(rotate_half(q)*sin)",
+                   "torch.cat((q_embed,q_pass),dim=-1)")),)
+# OLMo-2/3: the plain rotation, the results cast back to q's and k's dtypes
+CAST_ROPE = (("apply_rotary_pos_emb", rope.apply_rotary_pos_emb_cast, "rope",
+              ("(q*cos)+(rotate_half(q)*sin)", "returnq_embed.to(q_type),k_embed.to(k_type)")),)
 MROPE = (("apply_multimodal_rotary_pos_emb", rope.apply_multimodal_rotary_pos_emb, "qwen2vl_mrope",
-          "cos.split(mrope_section,dim=-1)"),)
-LLAMA4_ROPE = (("apply_rotary_emb", rope.apply_rotary_emb, "llama4_rope",
-                "xq_*freqs_cis[:,:,None,:]"),)
+          ("cos.split(mrope_section,dim=-1)",)),)
+LLAMA4_ROPE = (("apply_rotary_emb", rope.apply_rotary_emb, "llama4_rope", ("xq_*freqs_cis[:,:,None,:]",)),)
+# Rotary functions of modules the table does not name are recognised by their code: equal (``_source.canonical``)
+# to one of these families' checked function. (family, its spec)
+ROPE_EXEMPLARS = (("llama", PLAIN_ROPE), ("phi3", PARTIAL_ROPE), ("qwen3_next", PARTIAL_ROPE),
+                  ("nemotron", NEMOTRON_ROPE), ("olmo2", CAST_ROPE))
 
 
 @dataclass(frozen=True)
 class Family:
+    """One family of the table. ``left``: (piece, reason) for each piece of its code npu_liger leaves to
+    transformers (documented in docs/FAMILIES.md; also reported by ``patch_report``). MLPs, experts and norms of
+    classes not named here are patched when their code is a known form (``modules.recognise_mlp``,
+    ``norms.recognise``)."""
+
     name: str
     module: str
     act_attr: str
     model_classes: Tuple[str, ...]
-    mlp_classes: Tuple[str, ...]
+    mlp_classes: Tuple[str, ...] = ()
     expert_classes: Tuple[str, ...] = ()
     rope: Tuple[tuple, ...] = PLAIN_ROPE
+    causal_lm: Tuple[str, ...] = ()
+    left: Tuple[Tuple[str, str], ...] = ()
+    title: str = ""
 
     def load(self) -> ModuleType:
         try:
@@ -49,17 +73,46 @@ class Family:
             raise ImportError(_install.TRANSFORMERS_HINT) from error
         return importlib.import_module(self.module)
 
+    def available(self) -> bool:
+        """Whether the installed transformers has this family's modeling module."""
+        try:
+            self.load()
+        except ImportError:
+            return False
+        return True
+
+
+def _module(name: str) -> str:
+    return f"transformers.models.{name}.modeling_{name}"
+
 
 def _family(name, model_cls, mlp_cls, act_attr="hidden_act", **kw) -> Family:
-    return Family(name, f"transformers.models.{name}.modeling_{name}", act_attr, (model_cls,), (mlp_cls,), **kw)
+    return Family(name, _module(name), act_attr, (model_cls,), (mlp_cls,), **kw)
 
 
 def _moe_family(name, model_cls, mlp_cls, experts_cls, **kw) -> Family:
     """A MoE family of transformers 5.x: its stacked experts (3-D ``gate_up_proj``/``down_proj``) run
     ``fused_moe``; its dense/shared-expert MLP class (if any) the gated-MLP patch; router and block stay HF's."""
-    return Family(name, f"transformers.models.{name}.modeling_{name}", "hidden_act", (model_cls,),
-                  (mlp_cls,) if mlp_cls else (), (experts_cls,), **kw)
+    return Family(name, _module(name), "hidden_act", (model_cls,), (mlp_cls,) if mlp_cls else (), (experts_cls,), **kw)
 
+
+def _new(name, model_classes, causal_lm=(), rope=PLAIN_ROPE, left=(), module=None, title="") -> Family:
+    """A family whose MLPs, experts and norms are found by their code (no class names needed): the table says
+    which classes to hook before building, which causal LMs get the loss patch, its rotary spec and what is left."""
+    classes = (model_classes,) if isinstance(model_classes, str) else tuple(model_classes)
+    lms = (causal_lm,) if isinstance(causal_lm, str) else tuple(causal_lm)
+    return Family(name, module or _module(name), "hidden_act", classes, rope=rope, causal_lm=lms, left=tuple(left),
+                  title=title)
+
+
+# Reasons for the pieces left to transformers, shared by several families.
+GEMMA_NORM_POW = ("norm", "RMSNorm with torch.pow(mean + eps, -0.5) and an optional scale (Gemma-3n/4), not a form "
+                  "rms_norm is verified against")
+SINGLE_ROPE = ("rope", "rotary applied to q and k in separate calls (one tensor each); the rope op rotates both")
+GLM_ROPE = ("rope", "interleaved partial rotary (GLM's repeat_interleave'd cos/sin)")
+MOE_AUX_LOSS = ("loss", "the causal LM adds the router's auxiliary loss (MoE output class): loss left to transformers")
+GATED_NORM = ("norm", "the linear-attention layers' gated RMSNorm (norm(x) * silu(gate)) stays transformers'")
+LINEAR_ATTN = ("attention", "linear-attention (gated delta net) layers stay transformers'")
 
 FAMILIES = {
     f.name: f
@@ -82,14 +135,83 @@ FAMILIES = {
         _moe_family("qwen2_moe", "Qwen2MoeModel", "Qwen2MoeMLP", "Qwen2MoeExperts"),
         _moe_family("qwen3_moe", "Qwen3MoeModel", "Qwen3MoeMLP", "Qwen3MoeExperts"),
         _moe_family("olmoe", "OlmoeModel", "OlmoeMLP", "OlmoeExperts"),
-        # partial rotary (rotary dims first, the rest passed through) written differently: rope left to transformers
-        _moe_family("glm4_moe", "Glm4MoeModel", "Glm4MoeMLP", "Glm4MoeExperts", rope=()),
+        _moe_family("glm4_moe", "Glm4MoeModel", "Glm4MoeMLP", "Glm4MoeExperts", rope=PARTIAL_ROPE),
         _moe_family("qwen3_vl_moe", "Qwen3VLMoeTextModel", "Qwen3VLMoeTextMLP", "Qwen3VLMoeTextExperts"),
-        _moe_family("qwen3_5_moe", "Qwen3_5MoeTextModel", "Qwen3_5MoeMLP", "Qwen3_5MoeExperts", rope=()),  # as GLM
+        _moe_family("qwen3_5_moe", "Qwen3_5MoeTextModel", "Qwen3_5MoeMLP", "Qwen3_5MoeExperts", rope=PARTIAL_ROPE,
+                    left=(GATED_NORM, LINEAR_ATTN)),
         _moe_family("hunyuan_v1_moe", "HunYuanMoEV1Model", "HunYuanMoEV1MLP", "HunYuanMoEV1Experts"),
+        # The families below name no MLP, experts or norm classes: those are found by their code.
+        _new("granite", "GraniteModel", left=(("loss", "logits divided by config.logits_scaling after lm_head; the "
+                                                       "fused loss takes no logit scale"),)),
+        _new("smollm3", "SmolLM3Model", "SmolLM3ForCausalLM"),
+        _new("ministral", "MinistralModel", "MinistralForCausalLM"),
+        _new("ministral3", "Ministral3Model", "Ministral3ForCausalLM"),
+        # vision-language models whose language model (and vision tower) are other modules: patched by their code
+        _new("mistral3", "Mistral3Model", "Mistral3ForConditionalGeneration", rope=(),
+             title="Mistral-3 (Pixtral vision)"),
+        _new("llava", "LlavaModel", "LlavaForConditionalGeneration", rope=()),
+        _new("internvl", "InternVLModel", "InternVLForConditionalGeneration", rope=()),
+        _new("smolvlm", "SmolVLMModel", "SmolVLMForConditionalGeneration", rope=()),
+        _new("nemotron", "NemotronModel", "NemotronForCausalLM", rope=NEMOTRON_ROPE,
+             left=(("norm", "NemotronLayerNorm1P: a LayerNorm with (1 + weight), not layer_norm's formula"),
+                   ("mlp", "relu2 MLP without a gate"))),
+        _new("phi3", "Phi3Model", "Phi3ForCausalLM", rope=PARTIAL_ROPE),  # fused gate_up_proj MLP
+        _new("olmo2", "Olmo2Model", "Olmo2ForCausalLM", rope=CAST_ROPE),
+        _new("olmo3", "Olmo3Model", "Olmo3ForCausalLM", rope=CAST_ROPE),
+        _new("glm4", "Glm4Model", "Glm4ForCausalLM", rope=(), left=(GLM_ROPE,)),  # fused gate_up_proj MLP
+        _new("glm4v", "Glm4vTextModel", "Glm4vForConditionalGeneration", rope=(),
+             left=(("rope", "Glm4v's rotate_half_llm (interleaved pairs)"),)),
+        _new("gemma3n", "Gemma3nTextModel", "Gemma3nForCausalLM", rope=(),
+             left=(GEMMA_NORM_POW, SINGLE_ROPE,
+                   ("mlp", "Gemma3nTextMLP: activation sparsity (a statistical top-k on the gate)"),
+                   ("loss", "Gemma3nForConditionalGeneration reads the softcap from the text config (its forward "
+                            "is not the form checked); Gemma3nForCausalLM is patched"))),
+        _new("gemma4", "Gemma4TextModel", "Gemma4ForCausalLM", rope=(),
+             left=(GEMMA_NORM_POW, SINGLE_ROPE, ("experts", "gelu-tanh experts (fused_moe computes silu)"),
+                   ("loss", "Gemma4ForConditionalGeneration: as Gemma-3n's; Gemma4ForCausalLM is patched"))),
+        _new("exaone4", "Exaone4Model", "Exaone4ForCausalLM"),
+        _new("hunyuan_v1_dense", "HunYuanDenseV1Model", "HunYuanDenseV1ForCausalLM", title="HunYuan-Dense"),
+        _new("seed_oss", "SeedOssModel", "SeedOssForCausalLM",
+             left=(("mlp", "dropout (residual_dropout) after down_proj: not the gated-MLP form"),)),
+        _new("qwen3_5", "Qwen3_5TextModel", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
+             rope=PARTIAL_ROPE, left=(GATED_NORM, LINEAR_ATTN)),
+        _new("qwen3_next", "Qwen3NextModel", rope=PARTIAL_ROPE, left=(GATED_NORM, LINEAR_ATTN, MOE_AUX_LOSS)),
+        _new("falcon_h1", "FalconH1Model",
+             left=(("mlp", "gate and down multipliers (muP) around the gated MLP"),
+                   ("loss", "logits multiplied by lm_head_multiplier after lm_head"),
+                   ("mamba", "the Mamba-2 mixer and its gated RMSNorm stay transformers'"))),
+        _new("mllama", "MllamaTextModel", ("MllamaForCausalLM", "MllamaForConditionalGeneration"),
+             left=(("mlp", "the vision tower's fc1/fc2 GELU MLP (no gate)"),)),
+        _new("deepseek_v3", "DeepseekV3Model", "DeepseekV3ForCausalLM",
+             left=(("rope", "apply_rotary_pos_emb_interleave (rope_interleave=True, the config default: MLA's "
+                            "interleaved layout); with rope_interleave=False the plain function runs rope"),)),
+        _new("deepseek_v4", "DeepseekV4Model", rope=(),
+             left=(("rope", "interleaved rotary on the trailing slice of each head"),
+                   ("mlp", "DeepseekV4MLP / experts: not the gated-MLP or experts form npu_liger knows"),
+                   ("loss", "not the causal-LM forward npu_liger knows"))),
+        _new("glm4v_moe", "Glm4vMoeTextModel", rope=PARTIAL_ROPE, left=(MOE_AUX_LOSS,)),
+        _new("glm4_moe_lite", "Glm4MoeLiteModel", "Glm4MoeLiteForCausalLM", left=(
+            ("rope", "apply_rotary_pos_emb_interleave (rope_interleave=True: MLA's interleaved layout); with "
+                     "rope_interleave=False the plain function runs rope"),)),
+        _new("granitemoe", "GraniteMoeModel", left=(MOE_AUX_LOSS,)),
+        _new("phimoe", "PhimoeModel", left=(MOE_AUX_LOSS,)),
     )
 }
 FAMILY_BY_MODULE = {f.module: f for f in FAMILIES.values()}
+
+
+def _rope_known(module: ModuleType, fname: str, fragments) -> bool:
+    """``module.fname`` (its original) contains every fragment, and the rotate_half it calls is Llama's."""
+    source = _source(_patching.original_attr(module, fname))
+    if source is None:
+        return True  # no source to check: trust the table
+    if not all(f in source for f in fragments):
+        return False
+    if "rotate_half(" in source and hasattr(module, "rotate_half"):
+        from transformers.models.llama import modeling_llama
+
+        return canonical(module.rotate_half) == canonical(modeling_llama.rotate_half)
+    return True
 
 
 def patch_rope(family: Family) -> list:
@@ -97,15 +219,16 @@ def patch_rope(family: Family) -> list:
     global to the modeling module (its attention layers look the name up at call time), i.e. it reaches every
     model of the family in the process."""
     module, patched = family.load(), []
-    for fname, dropin, _op, fragment in family.rope:
+    for fname, dropin, op, fragments in family.rope:
         if not hasattr(module, fname):
             continue
-        source = _source(_patching.original_attr(module, fname))
-        if source is not None and fragment not in source:
+        if not _rope_known(module, fname, fragments):
             warnings.warn(f"npu_liger: {family.name}'s {fname} is not the computation npu_liger knows (a "
                           f"different transformers version?); left as it is", stacklevel=3)
+            report.leave("rope", f"{family.name}.{fname}", "source changed", warn=False)
         else:
             _patching.set_attr(module, fname, dropin)
+            report.patched("rope", f"{family.name}.{fname}", op)
             patched.append(fname)
     return patched
 
@@ -121,8 +244,59 @@ def rope_patched(family: Family) -> list:
     return [fname for fname, dropin, *_ in family.rope if getattr(module, fname, None) is dropin]
 
 
-def _source(func) -> Optional[str]:
-    try:
-        return "".join(inspect.getsource(func).split())
-    except (OSError, TypeError):
-        return None
+@functools.lru_cache(maxsize=None)
+def _rope_forms() -> dict:
+    """canonical form -> (drop-in, op) of the exemplar rotary functions whose source checks out."""
+    forms = {}
+    for name, spec in ROPE_EXEMPLARS:
+        family = FAMILIES.get(name)
+        if family is None or not family.available():
+            continue
+        module = family.load()
+        for fname, dropin, op, fragments in spec:
+            if hasattr(module, fname) and _rope_known(module, fname, fragments):
+                form = canonical(_patching.original_attr(module, fname))
+                if form is not None:
+                    forms[form] = (dropin, op)
+    return forms
+
+
+STRUCTURAL_ROPE_NAMES = ("apply_rotary_pos_emb",)
+
+
+def patch_structural_rope(module: ModuleType) -> list:
+    """A modeling module the table does not name: its ``apply_rotary_pos_emb`` becomes a drop-in where its code
+    is an exemplar's (``ROPE_EXEMPLARS``) and its rotate_half is Llama's; returns the names patched (module-wide,
+    as ``patch_rope``). Rotary functions of other forms are reported as left."""
+    from transformers.models.llama import modeling_llama
+
+    patched = []
+    short = module.__name__.rsplit(".", 1)[-1].replace("modeling_", "")
+    for fname in STRUCTURAL_ROPE_NAMES:
+        function = _patching.original_attr(module, fname) if hasattr(module, fname) else None
+        if function is None:
+            continue
+        entry = _rope_forms().get(canonical(function))
+        rotate_ok = not hasattr(module, "rotate_half") or \
+            canonical(module.rotate_half) == canonical(modeling_llama.rotate_half)
+        if entry is None or not rotate_ok:
+            report.leave("rope", f"{short}.{fname}", "not a rotary form npu_liger computes", warn=False)
+            continue
+        dropin, op = entry
+        _patching.set_attr(module, fname, dropin)
+        report.patched("rope", f"{short}.{fname}", op)
+        patched.append(fname)
+    return patched
+
+
+def restore_structural_rope(module: ModuleType) -> None:
+    for fname in STRUCTURAL_ROPE_NAMES:
+        _patching.restore_attr(module, fname)
+
+
+def structural_rope_patched(module: ModuleType) -> list:
+    short = module.__name__.rsplit(".", 1)[-1].replace("modeling_", "")
+    return [f"{short}.{fname}" for fname in STRUCTURAL_ROPE_NAMES if _patching.is_attr_patched(module, fname)]
+
+
+_source = squeezed

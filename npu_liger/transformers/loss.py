@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn._gated_mlp import plain_linear
-from . import _patching
+from . import _patching, report
 from .families import FAMILIES, FAMILY_BY_MODULE
 from .modules import _patch_forward, patched_function
 
@@ -102,11 +102,40 @@ def _plan(cls: type) -> Optional[_Plan]:
     softcap = "final_logit_softcapping" in source
     if softcap:
         missing += [f for f in _SOFTCAP if f not in source]
+    missing += _odd_logits(forward, softcap)
     match = re.search(r"return(\w+)\(loss=loss,logits=logits,", source)
     output_cls = getattr(inspect.getmodule(forward), match.group(1), None) if match else None
     if missing or output_cls is None or not hasattr(output_cls, "__dataclass_fields__"):
         return _unknown(cls, f"missing {missing or 'a known output class'}")
     return _Plan(cls, forwarded, output_cls, softcap)
+
+
+def _odd_logits(forward, softcap: bool) -> list:
+    """Assignments to ``logits`` other than ``self.lm_head(...)`` and (``softcap``) Gemma's three softcap steps:
+    a forward that scales its logits (Granite's ``logits_scaling``, Falcon-H1's ``lm_head_multiplier``) computes
+    another loss than the fused one."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    except (OSError, TypeError, SyntaxError):
+        return ["a parsable source"]
+    allowed = {"self.lm_head"}
+    odd = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "logits"
+                                                     for t in node.targets)):
+            continue
+        value = node.value
+        text = ast.unparse(value)
+        if isinstance(value, ast.Call) and ast.unparse(value.func) in allowed:
+            continue
+        if softcap and text in ("logits / self.config.final_logit_softcapping", "torch.tanh(logits)",
+                                "logits * self.config.final_logit_softcapping"):
+            continue
+        odd.append(f"logits = {text}")
+    return odd
 
 
 def _unknown(cls: type, why: str) -> None:
@@ -209,22 +238,42 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
 
 
 def _causal_lm_classes(family) -> tuple:
-    return CAUSAL_LM_CLASSES.get(family.name, ())
+    return CAUSAL_LM_CLASSES.get(family.name, family.causal_lm)
+
+
+_LM_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
+
+
+def _structural_candidate(module: nn.Module) -> bool:
+    """A causal LM of a family the table does not name: by its name and its ``model`` / ``lm_head`` children (its
+    forward is then checked as any other, and at call time its loss function must be ``ForCausalLMLoss``)."""
+    return (type(module).__name__.endswith(_LM_SUFFIXES) and isinstance(getattr(module, "lm_head", None), nn.Module)
+            and isinstance(getattr(module, "model", None), nn.Module))
 
 
 def patch_causal_lm_loss(module: nn.Module) -> bool:
-    """Patch one model instance if it is a causal LM of a supported family (else nothing)."""
+    """Patch one model instance if it is a causal LM of a supported family, or one of another family whose forward
+    is the form checked (else nothing)."""
     family = FAMILY_BY_MODULE.get(type(module).__module__)
-    if family is None or type(module).__name__ not in _causal_lm_classes(family):
+    name = type(module).__name__
+    if family is not None and name not in _causal_lm_classes(family):
+        return False  # the table lists its causal LMs (the others are left, with a reason in family.left)
+    if family is None and not _structural_candidate(module):
+        return False
+    if family is None and not _is_causal_lm_loss(module):
+        report.leave("loss", name, "its loss function is not HF's ForCausalLMLoss", warn=False)
         return False
     plan = _plan(type(module))
     if plan is None:
+        report.leave("loss", name, "its forward is not the causal-LM form npu_liger knows", warn=False)
         return False
     if plan.forwarded[0] != "input_ids":
         _unknown(type(module), "input_ids is not its first argument")
+        report.leave("loss", name, "input_ids is not its first argument", warn=False)
         return False
     _PLANS[type(module)] = plan
     _patch_forward(module, _causal_lm_forward)
+    report.patched("loss", name, "fused_linear_cross_entropy")
     return True
 
 

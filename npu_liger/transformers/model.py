@@ -4,17 +4,22 @@
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from collections import Counter
-from typing import Iterator, Tuple
+from types import ModuleType
+from typing import Iterator, List, Tuple
 
 from torch import nn
 
-from . import _patching
-from .families import FAMILIES, FAMILY_BY_MODULE, Family, patch_rope, restore_rope, rope_patched
+from . import _patching, report
+from .report import patch_report
+from .families import (FAMILIES, FAMILY_BY_MODULE, Family, patch_rope, patch_structural_rope, restore_rope,
+                       restore_structural_rope, rope_patched, structural_rope_patched)
 from .loss import hook_family_losses, loss_patched, patch_losses, unhook_family_losses
-from .modules import patch_embedding, patch_experts, patch_gated_mlp, patched_op
-from .norms import norm_summary, patch_norms
+from .modules import (experts_activation, looks_like_experts, patch_embedding, patch_experts, patch_gated_mlp,
+                      patch_structural_mlp, patched_op)
+from .norms import norm_summary, patch_norms, patched_norm_op
 
 
 def _walk(module: nn.Module, config=None) -> Iterator[Tuple[nn.Module, object]]:
@@ -31,24 +36,44 @@ def _families_in(model: nn.Module) -> list:
     return [f for f in FAMILIES.values() if f in seen]
 
 
+def _modeling_modules(model: nn.Module) -> List[ModuleType]:
+    """The transformers modeling modules (``transformers.models.<x>.modeling_<x>``, remote code's too) that define
+    the classes of ``model``'s modules, in order of first appearance."""
+    names = dict.fromkeys(type(m).__module__ for m in model.modules())
+    return [sys.modules[n] for n in names if n in sys.modules and ".modeling_" in n]
+
+
+def _patch_rope(model: nn.Module) -> None:
+    """The rotary functions of the model's families (the table's specs), and, in modeling modules the table does
+    not name, those whose code is a known form (module-wide, as the family patch)."""
+    for family in _families_in(model):
+        patch_rope(family)
+    for module in _modeling_modules(model):
+        if module.__name__ not in FAMILY_BY_MODULE:
+            patch_structural_rope(module)
+
+
 def _patch_modules(root: nn.Module, *, mlp: bool, embedding: bool, norm: bool = False) -> None:
     if mlp:
         for module, config in _walk(root):
             family = FAMILY_BY_MODULE.get(type(module).__module__)
-            if family is None:
-                continue
             name = type(module).__name__
-            if name in family.mlp_classes:
+            if family is not None and name in family.mlp_classes:
                 patch_gated_mlp(module, getattr(config, family.act_attr, None))
-            elif name in family.expert_classes:
+            elif family is not None and name in family.expert_classes:
                 patch_experts(module, getattr(config, family.act_attr, None))
+            elif looks_like_experts(module):
+                patch_experts(module, experts_activation(module) or getattr(config, "hidden_act", None))
+            else:
+                patch_structural_mlp(module)  # a gated MLP of a known form, in any family
     if embedding:
         get = getattr(root, "get_input_embeddings", None)
         table = get() if get is not None else None
         if table is None:
             warnings.warn(f"npu_liger: {type(root).__name__} has no input embedding to patch", stacklevel=3)
         else:
-            patch_embedding(table)
+            if patch_embedding(table):
+                report.patched("embedding", type(table).__name__, "embedding")
     if norm:
         patch_norms(root)
 
@@ -73,20 +98,60 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
       while ``lm_head`` is a plain ``nn.Linear`` without hooks (else, checked per call: ``lm_head``'s own logits
       and ``npu_liger.cross_entropy``); see ``loss.py``. Per instance.
 
+    Families the table (``families.FAMILIES``) does not name are patched by module structure: an RMSNorm, a gated
+    MLP (``gate_proj``/``up_proj`` or one ``gate_up_proj``), stacked experts, a modeling module's
+    ``apply_rotary_pos_emb`` or a causal LM whose code is, up to names, that of a known transformers class or
+    function (``_source.canonical``; the activation must be silu or gelu-tanh, the loss HF's ``ForCausalLMLoss``).
+    What was patched and what was left, with the reason, is logged (``logging`` "npu_liger.transformers": INFO for
+    families of the table, WARNING for a model patched by structure alone) and kept: ``patch_report(model)``.
+
     Patching twice is harmless; ``unpatch(model)`` undoes it.
     """
     families = _families_in(model)
-    if not families:
+    rep = report.PatchReport(model=type(model).__name__, families=[f.name for f in families])
+    with report.collecting(rep):
+        if rope:
+            _patch_rope(model)
+        _patch_modules(model, mlp=mlp, embedding=embedding, norm=norm)
+        if loss:
+            patch_losses(model)
+        _note_left(model, rep, dict(rope=rope, mlp=mlp, norm=norm, loss=loss))
+    report.store(model, rep)
+    if not any(rep.patched.values()):
         supported = ", ".join(FAMILIES)
-        warnings.warn(f"npu_liger: {type(model).__name__} contains no module of a supported family "
-                      f"({supported}); nothing patched", stacklevel=2)
-    if rope:
-        for family in families:
-            patch_rope(family)
-    _patch_modules(model, mlp=mlp, embedding=embedding, norm=norm and bool(families))
-    if loss:
-        patch_losses(model)
+        warnings.warn(f"npu_liger: {type(model).__name__} contains no module of a supported family ({supported}) "
+                      f"and no module of a form npu_liger recognises; nothing patched ({rep.summary()})",
+                      stacklevel=2)
+    elif not families:
+        report.LOGGER.warning(rep.summary())  # patched by structure alone: say what
+    else:
+        report.LOGGER.info(rep.summary())
     return model
+
+
+_CANDIDATES = (("norm", ("RMSNorm", "LayerNorm", "LayerNorm1P", "L2Norm")), ("mlp", ("MLP", "Mlp")),
+               ("experts", ("Experts",)), ("loss", ("ForCausalLM", "ForConditionalGeneration")))
+
+
+def _note_left(model: nn.Module, rep: "report.PatchReport", flags: dict) -> None:
+    """Record in the report the modules that look patchable by their class name but were not patched, with the
+    family table's reason where it gives one."""
+    reasons = {}
+    for family in _families_in(model):
+        for piece, why in family.left:
+            reasons.setdefault(piece, why)
+    for module in model.modules():
+        name = type(module).__name__
+        patched = patched_op(module) is not None or patched_norm_op(module) is not None or loss_patched(module)
+        if patched:
+            continue
+        for kind, suffixes in _CANDIDATES:
+            if flags.get("mlp" if kind == "experts" else kind, True) and name.endswith(suffixes) and \
+                    not rep.is_patched(kind, name):
+                rep.add_left(kind, name, reasons.get(kind, "not a form npu_liger recognises"))
+    for piece, why in reasons.items():
+        if piece not in ("norm", "mlp", "experts", "loss"):  # rope, attention, ...: functions, not modules
+            rep.add_left(piece, "(family table)", why)
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -96,6 +161,9 @@ def unpatch(model: nn.Module) -> nn.Module:
         _patching.restore_instance(module)
     for family in _families_in(model):
         restore_rope(family)
+    for module in _modeling_modules(model):
+        if module.__name__ not in FAMILY_BY_MODULE:
+            restore_structural_rope(module)
     return model
 
 
@@ -106,17 +174,23 @@ def patch_summary(model: nn.Module) -> dict:
     embeddings = sum(isinstance(m, nn.Embedding) and "forward" in _patching.instance_patches(m)
                      for m in model.modules())
     rope = [f"{family.name}.{fname}" for family in _families_in(model) for fname in rope_patched(family)]
+    rope += [name for module in _modeling_modules(model) if module.__name__ not in FAMILY_BY_MODULE
+             for name in structural_rope_patched(module)]
     losses = sum(map(loss_patched, model.modules()))
     return {"mlp": dict(ops), "rope": rope, "embedding": embeddings, "norm": norm_summary(model), "loss": losses}
 
 
-def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool) -> None:
-    """Make ``cls.__init__`` patch each new instance (its MLPs, its embedding, its norms) once constructed."""
+def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool, rope: bool = False) -> None:
+    """Make ``cls.__init__`` patch each new instance (its MLPs, its embedding, its norms, and with ``rope`` the
+    rotary functions of the modules it is built from: a vision-language model's language model) once
+    constructed."""
     original = _patching.original_attr(cls, "__init__")
 
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         _patch_modules(self, mlp=mlp, embedding=embedding, norm=norm)
+        if rope:
+            _patch_rope(self)
 
     functools.update_wrapper(__init__, original)  # keeps the signature transformers inspects
     _patching.set_attr(cls, "__init__", __init__)
@@ -137,8 +211,8 @@ def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding
         cls = getattr(module, cls_name, None)
         if cls is None:
             continue
-        if mlp or embedding or norm:
-            _hook_init(cls, mlp=mlp, embedding=embedding, norm=norm)
+        if mlp or embedding or norm or rope:
+            _hook_init(cls, mlp=mlp, embedding=embedding, norm=norm, rope=rope)
         else:
             _patching.restore_attr(cls, "__init__")
     hook_family_losses(name, loss)
@@ -169,4 +243,4 @@ def _family(name: str) -> Family:
         raise ValueError(f"unknown model family {name!r}; expected one of {sorted(FAMILIES)}") from None
 
 
-__all__ = ["apply_to_model", "apply_to_family", "unpatch", "revert", "patch_summary"]
+__all__ = ["apply_to_model", "apply_to_family", "unpatch", "revert", "patch_summary", "patch_report"]

@@ -8,9 +8,8 @@ changes, its parameters and state dict stay as they are, and ``_patching.restore
 from __future__ import annotations
 
 import functools
-import inspect
 import warnings
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -18,7 +17,8 @@ from torch import nn
 import npu_liger  # the functional API: eager fast path, the registered op under compile/dispatch modes
 
 from ..nn._gated_mlp import gated_down_proj  # down_proj(gate(a, b)), the product recomputed in backward
-from . import _patching
+from . import _patching, report
+from ._source import canonical, squeezed
 
 # Config activation -> npu_liger op computing ``act(gate) * up`` in one kernel.
 GATED_OPS = {"gelu_pytorch_tanh": "geglu", "silu": "swiglu", "swish": "swiglu"}
@@ -71,10 +71,7 @@ _MOE_LAYOUT = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_
 
 @functools.lru_cache(maxsize=None)
 def _forward_source(cls: type) -> Optional[str]:
-    try:
-        return "".join(inspect.getsource(cls.forward).split())
-    except (OSError, TypeError):
-        return None  # no source to check (e.g. a frozen install): trust the class name
+    return squeezed(cls.forward)  # None: no source to check (e.g. a frozen install): trust the class name
 
 
 def _forward_is_known(module: nn.Module, patterns, require_all: bool) -> bool:
@@ -95,6 +92,20 @@ def _geglu_mlp_forward(self, x):
 
 def _swiglu_mlp_forward(self, x):
     return gated_down_proj("swiglu", self.gate_proj(x), self.up_proj(x), self.down_proj)
+
+
+def _fused_gate_up(self, x):
+    """Phi-3 / GLM-4's one ``gate_up_proj`` (gate rows first): its output's two halves."""
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    return gate, up
+
+
+def _geglu_fused_mlp_forward(self, x):
+    return gated_down_proj("geglu", *_fused_gate_up(self, x), self.down_proj)
+
+
+def _swiglu_fused_mlp_forward(self, x):
+    return gated_down_proj("swiglu", *_fused_gate_up(self, x), self.down_proj)
 
 
 def _fused_moe_experts_forward(self, hidden_states, top_k_index, top_k_weights):
@@ -125,8 +136,10 @@ def _fused_moe_llama4_experts_forward(self, hidden_states):
 
 
 _MLP_FORWARDS = {"geglu": _geglu_mlp_forward, "swiglu": _swiglu_mlp_forward}
+_FUSED_MLP_FORWARDS = {"geglu": _geglu_fused_mlp_forward, "swiglu": _swiglu_fused_mlp_forward}
 _EXPERT_FORWARDS = {"fused_moe": _fused_moe_experts_forward}
-_FORWARD_OPS = {**{f: op for table in (_MLP_FORWARDS, _EXPERT_FORWARDS) for op, f in table.items()},
+_FORWARD_OPS = {**{f: op for table in (_MLP_FORWARDS, _FUSED_MLP_FORWARDS, _EXPERT_FORWARDS)
+                   for op, f in table.items()},
                 _fused_moe_llama4_experts_forward: "fused_moe"}
 PATCHED_FORWARDS = frozenset(_FORWARD_OPS)
 
@@ -151,10 +164,75 @@ def patched_op(module: nn.Module) -> Optional[str]:
 def patch_gated_mlp(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
     """``down_proj(act(gate_proj(x)) * up_proj(x))`` -> ``down_proj(op(gate_proj(x), up_proj(x)))``."""
     if not _forward_is_known(module, _MLP_PATTERNS, require_all=False):
+        report.leave("mlp", type(module).__name__, "forward source changed", warn=False)
         return None
     op = _gated_op_name(module, act_name)
     if op is not None:
         _patch_forward(module, _MLP_FORWARDS[op])
+        report.patched("mlp", type(module).__name__, op)
+    else:
+        report.leave("mlp", type(module).__name__, f"activation {act_name!r} has no fused kernel", warn=False)
+    return op
+
+
+# Gated MLPs of families the table does not name are recognised by their code (``_source.canonical``): a forward
+# that is, up to names, one of these transformers forwards (each checked by its fragments) computes
+# ``down_proj(act(gate) * up)`` from the same attributes. (module, class, fragments, the forwards by op)
+MLP_EXEMPLARS = (
+    ("llama", "LlamaMLP", ("self.down_proj(self.act_fn(self.gate_proj(x))*self.up_proj(x))",), _MLP_FORWARDS),
+    ("phi3", "Phi3MLP", ("up_states=self.gate_up_proj(hidden_states)", "gate,up_states=up_states.chunk(2,dim=-1)",
+                         "up_states=up_states*self.activation_fn(gate)", "returnself.down_proj(up_states)"),
+     _FUSED_MLP_FORWARDS),
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _mlp_forms() -> dict:
+    import importlib
+
+    forms = {}
+    for family, name, fragments, forwards in MLP_EXEMPLARS:
+        try:
+            cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
+        except (ImportError, AttributeError):
+            continue
+        source, form = _forward_source(cls), canonical(cls.forward)
+        if source is not None and form is not None and all(f in source for f in fragments):
+            forms[form] = forwards
+    return forms
+
+
+def _activation_op(module: nn.Module) -> Tuple[Optional[str], str]:
+    """(op, activation name) from the module's activation object: an exact instance of what ACT2FN builds for a
+    name in GATED_OPS; (None, its type name) otherwise."""
+    from transformers.activations import ACT2FN
+
+    act = _activation_module(module)
+    for name, op in GATED_OPS.items():
+        if act is not None and type(act) is type(ACT2FN[name]):
+            return op, name
+    return None, type(act).__name__
+
+
+def recognise_mlp(module: nn.Module):
+    """The forwards (by op) for a gated MLP whose code is an exemplar's, else None."""
+    form = canonical(type(module).forward)
+    return _mlp_forms().get(form) if form is not None else None
+
+
+def patch_structural_mlp(module: nn.Module) -> Optional[str]:
+    """A gated MLP recognised by its code (``recognise_mlp``), its op chosen from its activation object; returns the
+    op, or None (not a gated MLP of a known form, or an activation without a fused kernel: reported)."""
+    forwards = recognise_mlp(module)
+    if forwards is None:
+        return None
+    op, act = _activation_op(module)
+    if op is None:
+        report.leave("mlp", type(module).__name__, f"activation {act} has no fused kernel (only "
+                     f"{sorted(GATED_OPS)})", stacklevel=4)
+        return None
+    _patch_forward(module, forwards[op])
+    report.patched("mlp", type(module).__name__, op)
     return op
 
 
@@ -183,9 +261,24 @@ def patch_experts(module: nn.Module, act_name: Optional[str]) -> Optional[str]:
         warnings.warn(f"npu_liger: fused_moe computes silu experts; {type(module).__name__} ({op}) left unpatched",
                       stacklevel=3)
     if op != "swiglu" or (moe_loop and not _moe_layout_known(module)):
+        report.leave("experts", type(module).__name__, f"activation {act_name!r} or weight layout is not what "
+                     "fused_moe computes", warn=False)
         return None
     _patch_forward(module, _fused_moe_experts_forward if moe_loop else _fused_moe_llama4_experts_forward)
+    report.patched("experts", type(module).__name__, "fused_moe")
     return "fused_moe"
+
+
+def looks_like_experts(module: nn.Module) -> bool:
+    """transformers 5.x's experts loop, by its code (the fragments of ``patch_experts``), in any family."""
+    source = _forward_source(type(module))
+    return source is not None and all(p in source for p in _MOE_EXPERTS_PATTERNS)
+
+
+def experts_activation(module: nn.Module) -> Optional[str]:
+    """The config name of an experts module's activation object (``_activation_op``), for ``patch_experts``."""
+    op, name = _activation_op(module)
+    return name if op is not None else None
 
 
 def _embedding_forward(self, input_ids):

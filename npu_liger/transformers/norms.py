@@ -22,6 +22,8 @@ from torch import nn
 
 import npu_liger
 
+from . import report
+from ._source import canonical_forward
 from .families import FAMILY_BY_MODULE
 from .modules import _patch_forward, patched_function
 
@@ -41,6 +43,12 @@ def _l2_norm_forward(self, x):
     return npu_liger.rms_norm(x, None, self.eps, 0.0, "llama")
 
 
+def _olmo2_rms_forward(self, hidden_states):
+    """Olmo2RMSNorm and its copies (OLMo-3, DeepSeek-V4): ``(weight * normalised(x)).to(x.dtype)``, the product in
+    fp32: the gemma rounding with offset 0."""
+    return npu_liger.rms_norm(hidden_states, self.weight, self.variance_epsilon, 0.0, "gemma")
+
+
 def _gemma_rms_forward(self, x):
     """GemmaRMSNorm (Gemma 1/2/3): ``(normalised(x) * (1 + weight.float())).type_as(x)``, all fp32."""
     return npu_liger.rms_norm(x, self.weight, self.eps, 1.0, "gemma")
@@ -58,6 +66,7 @@ def _group_norm_forward(self, x):
 _LLAMA_SOURCE = ("hidden_states.to(torch.float32)", "variance=hidden_states.pow(2).mean(-1,keepdim=True)",
                  "hidden_states*torch.rsqrt(variance+self.variance_epsilon)",
                  "returnself.weight*hidden_states.to(input_dtype)")
+_OLMO2_SOURCE = _LLAMA_SOURCE[:3] + ("return(self.weight*hidden_states).to(input_dtype)",)
 _NORM_METHOD = "returnx*torch.rsqrt(x.pow(2).mean(-1,keepdim=True)+self.eps)"
 _LLAMA4_SOURCE = (_NORM_METHOD, "output=self._norm(x.float()).type_as(x)", "returnoutput*self.weight")
 _L2_SOURCE = (_NORM_METHOD, "returnself._norm(x.float()).type_as(x)")
@@ -74,8 +83,42 @@ RMS_NORM_CLASSES: Dict[str, Tuple] = {
     "Llama4TextRMSNorm": (_llama4_rms_forward, _LLAMA4_SOURCE),
     "Llama4TextL2Norm": (_l2_norm_forward, _L2_SOURCE),  # no weight
 }
-NORM_OPS = {_llama_rms_forward: "rms_norm", _llama4_rms_forward: "rms_norm", _gemma_rms_forward: "rms_norm",
+# Norms of families the table does not name are recognised by their code: a class whose forward (and ``_norm``) is,
+# up to names and docstrings, that of one of these transformers classes (itself checked by its fragments above)
+# gets the same patch (``_source.canonical``). (module, class, patched forward, fragments)
+EXEMPLARS = (("llama", "LlamaRMSNorm", _llama_rms_forward, _LLAMA_SOURCE),
+             ("gemma", "GemmaRMSNorm", _gemma_rms_forward, _GEMMA_SOURCE),
+             ("olmo2", "Olmo2RMSNorm", _olmo2_rms_forward, _OLMO2_SOURCE),
+             ("llama4", "Llama4TextRMSNorm", _llama4_rms_forward, _LLAMA4_SOURCE),
+             ("llama4", "Llama4TextL2Norm", _l2_norm_forward, _L2_SOURCE))
+NORM_OPS = {_olmo2_rms_forward: "rms_norm", _llama_rms_forward: "rms_norm", _llama4_rms_forward: "rms_norm",
+            _gemma_rms_forward: "rms_norm",
             _l2_norm_forward: "rms_norm", _layer_norm_forward: "layer_norm", _group_norm_forward: "group_norm"}
+
+
+@functools.lru_cache(maxsize=None)
+def _exemplar_forms() -> Dict[str, Tuple]:
+    """canonical form -> (patched forward, exemplar class name), for the exemplars whose source checks out."""
+    import importlib
+
+    forms = {}
+    for family, name, forward, fragments in EXEMPLARS:
+        try:
+            cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
+        except (ImportError, AttributeError):
+            continue
+        source = _source(cls)
+        form = canonical_forward(cls, "_norm")
+        if source is not None and form is not None and all(f in source for f in fragments):
+            forms[form] = (forward, name)
+    return forms
+
+
+def recognise(cls: type):
+    """The patched forward for a norm class the table does not name, if its code is an exemplar's; else None."""
+    form = canonical_forward(cls, "_norm")
+    entry = _exemplar_forms().get(form) if form is not None else None
+    return None if entry is None else entry[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,6 +139,7 @@ def _known(module: nn.Module, fragments) -> bool:
         return True
     warnings.warn(f"npu_liger: {type(module).__name__}.forward is not the computation npu_liger knows (a "
                   f"different transformers version?); left unpatched", stacklevel=5)
+    report.leave("norm", type(module).__name__, "forward source changed", warn=False)
     return False
 
 
@@ -112,12 +156,19 @@ def patch_norms(root: nn.Module, *, layer_norm: bool = True, group_norm: bool = 
             forward, fragments = entry
             if _known(module, fragments):
                 _patch_forward(module, forward)
+                report.patched("norm", cls.__name__, "rms_norm")
                 patched += 1
+        elif recognise(cls) is not None:
+            _patch_forward(module, recognise(cls))
+            report.patched("norm", cls.__name__, "rms_norm")
+            patched += 1
         elif layer_norm and cls is nn.LayerNorm and len(module.normalized_shape) == 1:
             _patch_forward(module, _layer_norm_forward)
+            report.patched("norm", "LayerNorm", "layer_norm")
             patched += 1
         elif group_norm and cls is nn.GroupNorm:
             _patch_forward(module, _group_norm_forward)
+            report.patched("norm", "GroupNorm", "group_norm")
             patched += 1
     return patched
 

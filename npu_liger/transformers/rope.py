@@ -73,13 +73,27 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if isinstance(position_ids, int) and not isinstance(position_ids, bool):
         unsqueeze_dim = position_ids
     layout = _head_layout(q, unsqueeze_dim)
-    if layout is None or k.dim() != 4 or cos.dim() not in (2, 3) or not _op_dtypes(q, k, cos, sin):
+    rotary_dim = cos.shape[-1]
+    if (layout is None or k.dim() != 4 or cos.dim() not in (2, 3) or not _op_dtypes(q, k, cos, sin)
+            or rotary_dim > min(q.shape[-1], k.shape[-1])):
         c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         return _rotate(q, c, s), _rotate(k, c, s)
+    if rotary_dim < q.shape[-1] or rotary_dim < k.shape[-1]:  # partial rotary: the rest passes through
+        q_rot, k_rot = apply_rotary_pos_emb(q[..., :rotary_dim], k[..., :rotary_dim], cos, sin,
+                                            unsqueeze_dim=unsqueeze_dim)
+        return (torch.cat((q_rot, q[..., rotary_dim:]), dim=-1), torch.cat((k_rot, k[..., rotary_dim:]), dim=-1))
     if layout == 1:
         return npu_liger.rope(q, k, cos, sin)
     q_out, k_out = npu_liger.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
     return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+
+def apply_rotary_pos_emb_cast(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                              unsqueeze_dim: int = 1) -> Pair:
+    """OLMo-2/3's ``apply_rotary_pos_emb``: the plain rotation (``apply_rotary_pos_emb``), its results cast back to
+    q's and k's dtypes (a no-op where the rope op runs: it takes one dtype throughout)."""
+    q_out, k_out = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return q_out.to(q.dtype), k_out.to(k.dtype)
 
 
 def _merge_mrope(table: torch.Tensor, mrope_section: Sequence[int]) -> torch.Tensor:
@@ -117,4 +131,4 @@ def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
     return npu_liger.llama4_rope(xq, xk, freqs_cis)
 
 
-__all__ = ["apply_rotary_pos_emb", "apply_multimodal_rotary_pos_emb", "apply_rotary_emb"]
+__all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_cast", "apply_multimodal_rotary_pos_emb", "apply_rotary_emb"]

@@ -1,0 +1,155 @@
+"""npu_liger.transformers on the families added by the family table's second part (and a family it does not know):
+a tiny random model (1 layer, hidden 32, vocab 96) of each gives the same logits, loss and every parameter gradient
+patched as unpatched (fp32, FP32_RTOL: the kernels compute in fp32 and round once), the ops the table promises run
+(counted at the dispatcher), and what is left to transformers is in the patch report. Families the installed
+transformers lacks are skipped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from checklist import DEVICE, FP32_RTOL, CountOps, rel_error
+
+transformers = pytest.importorskip("transformers")
+import npu_liger.transformers as nlt  # noqa: E402
+
+VOCAB, BATCH, SEQ = 96, 2, 5
+BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=64, initializer_range=0.2, bos_token_id=1,
+            eos_token_id=2, pad_token_id=0)
+DENSE = ("rms_norm", "swiglu", "rope")
+
+# family -> (config class, causal LM class, extra config, forward ops that must run, loss patched)
+CASES = {
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {}, DENSE, False),  # logits_scaling: loss left
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {}, DENSE, True),
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", {}, DENSE, True),
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", {}, DENSE, True),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", {"partial_rotary_factor": 0.5}, ("rope",), True),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.5}, DENSE, True),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}, DENSE, True),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {}, DENSE, True),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {}, ("rms_norm", "swiglu"), True),
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {}, DENSE, True),
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", {}, DENSE, True),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", {"residual_dropout": 0.0, "attention_dropout": 0.0},
+                 ("rms_norm", "rope"), True),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", {"hidden_activation": "gelu_pytorch_tanh"}, ("geglu",),
+               True),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(rope_interleave=False, head_dim=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+                         qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=16, first_k_dense_replace=0, n_group=1, topk_group=1),
+                    ("rms_norm", "swiglu", "rope", "fused_moe_with_saved"), True),
+}
+
+
+def _build(family):
+    config_name, lm_name, extra, *_ = CASES[family]
+    if family not in nlt.FAMILIES or not nlt.FAMILIES[family].available() or not hasattr(transformers, lm_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {family}")
+    torch.manual_seed(0)
+    model = getattr(transformers, lm_name)(getattr(transformers, config_name)(**{**BASE, **extra}))
+    return model.to(DEVICE).train()
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    nlt.revert()
+    yield
+    nlt.revert()
+
+
+def _run(model, ids):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+    logits = None if out.logits is None else out.logits.detach().clone()
+    return {"logits": logits, "loss": out.loss.detach().clone(), **grads}
+
+
+def _assert_close(got, ref, what):
+    for name, value in ref.items():
+        if value is None:
+            assert got[name] is None, f"{what} {name}: gradient appeared"
+            continue
+        err = rel_error(got[name], value)
+        assert err <= FP32_RTOL, f"{what} {name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_family_matches_unpatched(family):
+    ops, loss = CASES[family][3], CASES[family][4]
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    model = _build(family)
+    ref = _run(model, ids)  # before any patch: the rope patch is module-wide
+    nlt.apply_to_model(model, loss=False)  # logits compared too
+    with CountOps() as counter:
+        got = _run(model, ids)
+    _assert_close(got, ref, family)
+    for op in ops:
+        assert counter.counts.get(op, 0) >= 1, f"{family}: {op} did not run: {counter.counts}"
+    report = nlt.patch_report(model)
+    assert report is not None and family in report.families, report
+    for piece, _why in nlt.FAMILIES[family].left:  # every reason of the table is in the report
+        assert any(_why in reason for reason in report.left.get(piece, {}).values()) or piece in ("norm", "mlp",
+                                                                                                "experts", "loss")
+    nlt.unpatch(model)
+    nlt.apply_to_model(model, rope=False, mlp=False, norm=False)  # the loss patch alone
+    with CountOps() as counter:
+        got = _run(model, ids)
+    assert (counter.counts.get("fused_linear_cross_entropy_with_grad", 0) == 1) == loss, counter.counts
+    if loss:
+        assert got["logits"] is None
+        del got["logits"]
+        _assert_close(got, {k: v for k, v in ref.items() if k != "logits"}, f"{family} loss patch:")
+    else:
+        assert "GraniteForCausalLM" in nlt.patch_report(model).left["loss"] or family != "granite"
+        _assert_close(got, ref, family)
+
+
+def test_unknown_family_is_patched_by_structure(monkeypatch):
+    """A family the table does not know (here: Llama's classes under other names, in a module the table does not
+    name) gets the structural patches, with the same results, and a report of what was patched."""
+    import types
+
+    from transformers.models.llama import modeling_llama
+
+    module = types.ModuleType("transformers.models.mystery.modeling_mystery")
+    for name in ("rotate_half", "apply_rotary_pos_emb"):
+        function = getattr(modeling_llama, name)
+        setattr(module, name, types.FunctionType(function.__code__, vars(module), name, function.__defaults__))
+    monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
+    model = _build("ministral").__class__  # any Llama-like; below, Llama with renamed classes
+    del model
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(**BASE)).to(DEVICE).train()
+    renamed = {}
+    for sub in llama.modules():
+        cls = type(sub)
+        if cls.__module__ == modeling_llama.__name__:
+            if cls not in renamed:
+                renamed[cls] = type("Mystery" + cls.__name__[5:], (cls,), {"__module__": module.__name__})
+            sub.__class__ = renamed[cls]
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    ref = _run(llama, ids)
+    nlt.apply_to_model(llama, loss=False)
+    report = nlt.patch_report(llama)
+    assert report.families == [], report
+    assert report.patched["norm"] and report.patched["mlp"], report
+    with CountOps() as counter:
+        got = _run(llama, ids)
+    _assert_close(got, ref, "structural")
+    assert {"rms_norm", "swiglu"} <= set(counter.counts), counter.counts
+
+
+def test_different_code_is_left_and_reported():
+    """A gated MLP whose forward adds anything (Seed-OSS's dropout) and a norm of another formula (Nemotron's
+    LayerNorm1P) are not patched, and the report says so."""
+    model = _build("nemotron")
+    nlt.apply_to_model(model, loss=False)
+    report = nlt.patch_report(model)
+    assert "NemotronMLP" in report.left["mlp"] and "NemotronLayerNorm1P" in report.left["norm"], report
+    assert nlt.patch_summary(model)["mlp"] == {} and nlt.patch_summary(model)["norm"] == {}
