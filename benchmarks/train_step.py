@@ -74,6 +74,8 @@ FAMILIES = {
     # Qwen3: SwiGLU with RMSNorm on q and k per head
     "qwen3": Family("Qwen3Config", "Qwen3ForCausalLM", "apply_liger_kernel_to_qwen3"),
     # Qwen3-MoE: every layer sparse, 8 experts top-2 of a quarter of ``intermediate`` each (npu_liger.fused_moe)
+    # Olmo-2: a new dense family (RMSNorm after attention and MLP, q/k norms over all heads)
+    "olmo2": Family("Olmo2Config", "Olmo2ForCausalLM", "apply_liger_kernel_to_olmo2"),
     "qwen3_moe": Family("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "apply_liger_kernel_to_qwen3_moe",
                         (("decoder_sparse_step", 1), ("norm_topk_prob", True))),
 }
