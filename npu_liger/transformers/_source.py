@@ -85,3 +85,13 @@ def canonical_forward(cls: type, *helpers: str) -> Optional[str]:
 
 
 __all__ = ["canonical", "canonical_forward", "squeezed"]
+
+
+def exemplar_class(family: str, name: str):
+    """transformers' class ``name`` from ``family``'s modeling module, or None where this release lacks it."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
+    except (ImportError, AttributeError):
+        return None

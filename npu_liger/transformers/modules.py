@@ -18,7 +18,7 @@ import npu_liger  # the functional API: eager fast path, the registered op under
 
 from ..nn._gated_mlp import gated_down_proj  # down_proj(gate(a, b)), the product recomputed in backward
 from . import _patching, report
-from ._source import canonical, squeezed
+from ._source import canonical, exemplar_class, squeezed
 
 # Config activation -> npu_liger op computing ``act(gate) * up`` in one kernel.
 GATED_OPS = {"gelu_pytorch_tanh": "geglu", "silu": "swiglu", "swish": "swiglu"}
@@ -188,13 +188,10 @@ MLP_EXEMPLARS = (
 
 @functools.lru_cache(maxsize=None)
 def _mlp_forms() -> dict:
-    import importlib
-
     forms = {}
     for family, name, fragments, forwards in MLP_EXEMPLARS:
-        try:
-            cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
-        except (ImportError, AttributeError):
+        cls = exemplar_class(family, name)
+        if cls is None:
             continue
         source, form = _forward_source(cls), canonical(cls.forward)
         if source is not None and form is not None and all(f in source for f in fragments):

@@ -23,7 +23,7 @@ from torch import nn
 import npu_liger
 
 from . import report
-from ._source import canonical_forward
+from ._source import canonical_forward, exemplar_class
 from .families import FAMILY_BY_MODULE
 from .modules import _patch_forward, patched_function
 
@@ -99,13 +99,10 @@ NORM_OPS = {_olmo2_rms_forward: "rms_norm", _llama_rms_forward: "rms_norm", _lla
 @functools.lru_cache(maxsize=None)
 def _exemplar_forms() -> Dict[str, Tuple]:
     """canonical form -> (patched forward, exemplar class name), for the exemplars whose source checks out."""
-    import importlib
-
     forms = {}
     for family, name, forward, fragments in EXEMPLARS:
-        try:
-            cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
-        except (ImportError, AttributeError):
+        cls = exemplar_class(family, name)
+        if cls is None:
             continue
         source = _source(cls)
         form = canonical_forward(cls, "_norm")
