@@ -90,6 +90,10 @@ def assert_compiled_matches_eager(fn: Callable, make_inputs: Callable[[int], tup
         want = fn(*detached)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         for g, w in zip(grads_of(got, inputs, weights), grads_of(want, detached, weights), strict=True):
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+            # A parameter's gradient sums out.numel() / g.numel() terms, and the compiled graph rounds the upstream
+            # gradient (the fused sin backward) differently from eager: one rounding per term, a random walk, so
+            # the difference grows like sqrt(terms). A lost or doubled term is still off by a whole term (~1).
+            terms_per_entry = max(1, got.numel() // g.numel())
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 * terms_per_entry ** 0.5)
 
     assert_compiles_without_recompiles(fn, make_inputs, sizes, check)
