@@ -15,6 +15,11 @@ from .registrations.dyt import dyt  # noqa: E402
 from .registrations.embedding import embedding  # noqa: E402
 from .registrations.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from .registrations.fused_linear_jsd import fused_linear_jsd  # noqa: E402
+from .registrations.fused_linear_cpo import fused_linear_cpo  # noqa: E402
+from .registrations.fused_linear_dpo import fused_linear_dpo  # noqa: E402
+from .registrations.fused_linear_kto import fused_linear_kto  # noqa: E402
+from .registrations.fused_linear_orpo import fused_linear_orpo  # noqa: E402
+from .registrations.fused_linear_simpo import fused_linear_simpo  # noqa: E402
 from .registrations.fused_moe import fused_moe  # noqa: E402
 from .registrations.geglu import geglu  # noqa: E402
 from .registrations.grpo_loss import grpo_loss  # noqa: E402
