@@ -139,6 +139,42 @@ def test_moe_family_matches_unpatched(family):
     assert "fused_moe_with_saved" not in counter.counts
 
 
+@pytest.mark.parametrize("router_logits", [True, False])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_moe_causal_lm_loss_matches_unpatched(family, router_logits):
+    """The fused loss patch on an MoE causal LM: the cross-entropy through fused_linear_cross_entropy (no logits),
+    plus, when the router logits are asked for, the router's load-balancing loss as the original forward adds it
+    (the same aux_loss in the output); every parameter gradient as unpatched."""
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # the load-balancing loss weighs tokens by the attention mask
+    model = _build(family)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, attention_mask=mask, labels=ids, output_router_logits=router_logits)
+        out.loss.backward()
+        return out, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref, ref_grads = run()
+    has_router = getattr(ref, "aux_loss", None) is not None
+    assert has_router == (router_logits and hasattr(ref, "aux_loss") and family not in ("glm4_moe", "hunyuan_v1_moe"))
+    nlt.apply_to_model(model)
+    assert nlt.patch_summary(model)["loss"], nlt.patch_summary(model)
+    with CountOps() as counter:
+        got, got_grads = run()
+    assert got.logits is None and counter.counts.get("fused_linear_cross_entropy_with_grad") == 1, counter.counts
+    assert rel_error(got.loss, ref.loss) <= FP32_RTOL
+    if has_router:
+        assert got.aux_loss is not None and rel_error(got.aux_loss, ref.aux_loss) <= FP32_RTOL
+    else:
+        assert getattr(got, "aux_loss", None) is None
+    assert got_grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        err = rel_error(got_grads[name], ref_grads[name])
+        assert err <= FP32_RTOL, f"{family} {name}: relative error {err:.2e}"
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe"])
 def test_patch_before_building(family):
     ids = _ids()

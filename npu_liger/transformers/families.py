@@ -110,7 +110,8 @@ GEMMA_NORM_POW = ("norm", "RMSNorm with torch.pow(mean + eps, -0.5) and an optio
                   "rms_norm is verified against")
 SINGLE_ROPE = ("rope", "rotary applied to q and k in separate calls (one tensor each); the rope op rotates both")
 GLM_ROPE = ("rope", "interleaved partial rotary (GLM's repeat_interleave'd cos/sin)")
-MOE_AUX_LOSS = ("loss", "the causal LM adds the router's auxiliary loss (MoE output class): loss left to transformers")
+GRANITE_LOGITS_SCALE = ("loss", "logits divided by config.logits_scaling after lm_head; the fused loss takes no logit "
+                                "scale")
 GATED_NORM = ("norm", "the linear-attention layers' gated RMSNorm (norm(x) * silu(gate)) stays transformers'")
 LINEAR_ATTN = ("attention", "linear-attention (gated delta net) layers stay transformers'")
 
@@ -131,18 +132,22 @@ FAMILIES = {
         _family("qwen3_vl", "Qwen3VLTextModel", "Qwen3VLTextMLP"),
         _family("llama4", "Llama4TextModel", "Llama4TextMLP", expert_classes=("Llama4TextExperts",),
                 rope=LLAMA4_ROPE),
-        _moe_family("mixtral", "MixtralModel", None, "MixtralExperts"),
-        _moe_family("qwen2_moe", "Qwen2MoeModel", "Qwen2MoeMLP", "Qwen2MoeExperts"),
-        _moe_family("qwen3_moe", "Qwen3MoeModel", "Qwen3MoeMLP", "Qwen3MoeExperts"),
-        _moe_family("olmoe", "OlmoeModel", "OlmoeMLP", "OlmoeExperts"),
-        _moe_family("glm4_moe", "Glm4MoeModel", "Glm4MoeMLP", "Glm4MoeExperts", rope=PARTIAL_ROPE),
-        _moe_family("qwen3_vl_moe", "Qwen3VLMoeTextModel", "Qwen3VLMoeTextMLP", "Qwen3VLMoeTextExperts"),
+        _moe_family("mixtral", "MixtralModel", None, "MixtralExperts", causal_lm=("MixtralForCausalLM",)),
+        _moe_family("qwen2_moe", "Qwen2MoeModel", "Qwen2MoeMLP", "Qwen2MoeExperts",
+                    causal_lm=("Qwen2MoeForCausalLM",)),
+        _moe_family("qwen3_moe", "Qwen3MoeModel", "Qwen3MoeMLP", "Qwen3MoeExperts",
+                    causal_lm=("Qwen3MoeForCausalLM",)),
+        _moe_family("olmoe", "OlmoeModel", "OlmoeMLP", "OlmoeExperts", causal_lm=("OlmoeForCausalLM",)),
+        _moe_family("glm4_moe", "Glm4MoeModel", "Glm4MoeMLP", "Glm4MoeExperts", rope=PARTIAL_ROPE,
+                    causal_lm=("Glm4MoeForCausalLM",)),
+        _moe_family("qwen3_vl_moe", "Qwen3VLMoeTextModel", "Qwen3VLMoeTextMLP", "Qwen3VLMoeTextExperts",
+                    causal_lm=("Qwen3VLMoeForConditionalGeneration",)),
         _moe_family("qwen3_5_moe", "Qwen3_5MoeTextModel", "Qwen3_5MoeMLP", "Qwen3_5MoeExperts", rope=PARTIAL_ROPE,
-                    left=(GATED_NORM, LINEAR_ATTN)),
-        _moe_family("hunyuan_v1_moe", "HunYuanMoEV1Model", "HunYuanMoEV1MLP", "HunYuanMoEV1Experts"),
+                    causal_lm=("Qwen3_5MoeForCausalLM",), left=(GATED_NORM, LINEAR_ATTN)),
+        _moe_family("hunyuan_v1_moe", "HunYuanMoEV1Model", "HunYuanMoEV1MLP", "HunYuanMoEV1Experts",
+                    causal_lm=("HunYuanMoEV1ForCausalLM",)),
         # The families below name no MLP, experts or norm classes: those are found by their code.
-        _new("granite", "GraniteModel", left=(("loss", "logits divided by config.logits_scaling after lm_head; the "
-                                                       "fused loss takes no logit scale"),)),
+        _new("granite", "GraniteModel", left=(GRANITE_LOGITS_SCALE,)),
         _new("smollm3", "SmolLM3Model", "SmolLM3ForCausalLM"),
         _new("ministral", "MinistralModel", "MinistralForCausalLM"),
         _new("ministral3", "Ministral3Model", "Ministral3ForCausalLM"),
@@ -175,7 +180,7 @@ FAMILIES = {
              left=(("mlp", "dropout (residual_dropout) after down_proj: not the gated-MLP form"),)),
         _new("qwen3_5", "Qwen3_5TextModel", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
              rope=PARTIAL_ROPE, left=(GATED_NORM, LINEAR_ATTN)),
-        _new("qwen3_next", "Qwen3NextModel", rope=PARTIAL_ROPE, left=(GATED_NORM, LINEAR_ATTN, MOE_AUX_LOSS)),
+        _new("qwen3_next", "Qwen3NextModel", "Qwen3NextForCausalLM", rope=PARTIAL_ROPE, left=(GATED_NORM, LINEAR_ATTN)),
         _new("falcon_h1", "FalconH1Model",
              left=(("mlp", "gate and down multipliers (muP) around the gated MLP"),
                    ("loss", "logits multiplied by lm_head_multiplier after lm_head"),
@@ -189,12 +194,12 @@ FAMILIES = {
              left=(("rope", "interleaved rotary on the trailing slice of each head"),
                    ("mlp", "DeepseekV4MLP / experts: not the gated-MLP or experts form npu_liger knows"),
                    ("loss", "not the causal-LM forward npu_liger knows"))),
-        _new("glm4v_moe", "Glm4vMoeTextModel", rope=PARTIAL_ROPE, left=(MOE_AUX_LOSS,)),
+        _new("glm4v_moe", "Glm4vMoeTextModel", "Glm4vMoeForConditionalGeneration", rope=PARTIAL_ROPE),
         _new("glm4_moe_lite", "Glm4MoeLiteModel", "Glm4MoeLiteForCausalLM", left=(
             ("rope", "apply_rotary_pos_emb_interleave (rope_interleave=True: MLA's interleaved layout); with "
                      "rope_interleave=False the plain function runs rope"),)),
-        _new("granitemoe", "GraniteMoeModel", left=(MOE_AUX_LOSS,)),
-        _new("phimoe", "PhimoeModel", left=(MOE_AUX_LOSS,)),
+        _new("granitemoe", "GraniteMoeModel", left=(GRANITE_LOGITS_SCALE,)),
+        _new("phimoe", "PhimoeModel", "PhimoeForCausalLM"),
     )
 }
 FAMILY_BY_MODULE = {f.module: f for f in FAMILIES.values()}

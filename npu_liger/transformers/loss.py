@@ -24,6 +24,12 @@ subclass, a forward hook, an ``nn.Sequential``) is called instead, its logits (s
 ``config.return_dict``). A tuple runs the original forward: without logits, ``to_tuple()`` would move every later
 field up one place (``loss, logits = out[:2]`` would silently get the cache).
 
+MoE causal LMs (Mixtral, Qwen2/3-MoE, OLMoE, PhiMoE, ...) add the router's load-balancing loss: with
+``output_router_logits`` (the call's, else the config's) the patched forward asks the model for the router logits,
+computes ``aux_loss`` with the modeling file's own ``load_balancing_loss_func`` and the same attributes the original
+reads (``self.num_experts``, or ``self.config.text_config.num_experts`` for Qwen3-VL-MoE), adds
+``router_aux_loss_coef * aux_loss`` to the fused loss and returns ``aux_loss`` in the output, as the original does.
+
 Only forwards whose source has the shape above are patched (a transformers release that changed it is left
 alone, with a warning).
 """
@@ -32,9 +38,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import re
 import warnings
-from typing import Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -78,13 +85,46 @@ _SOFTCAP = ("logits=logits/self.config.final_logit_softcapping", "logits=torch.t
 _NOT_FORWARDED = {"self", "labels", "logits_to_keep", "kwargs"}
 
 
+class _RouterLoss(NamedTuple):
+    """An MoE causal LM's auxiliary loss, as its forward computes it: ``aux = loss_fn(outputs.router_logits,
+    experts(self), top_k(self), attention_mask)`` when ``output_router_logits`` (else ``default(self)``), and
+    ``loss += coef(self) * aux``."""
+    loss_fn: Callable
+    experts: Callable
+    top_k: Callable
+    coef: Callable
+    default: Callable
+
+
 class _Plan:
     """What the patched forward needs to know about one class's original forward."""
 
-    def __init__(self, cls: type, forwarded, output_cls: type, softcap: bool):
+    def __init__(self, cls: type, forwarded, output_cls: type, softcap: bool, router: Optional[_RouterLoss]):
         self.cls, self.forwarded = cls, forwarded
-        self.output_cls, self.softcap = output_cls, softcap
-        self.fields = [f for f in output_cls.__dataclass_fields__ if f not in ("loss", "logits")]
+        self.output_cls, self.softcap, self.router = output_cls, softcap, router
+        self.fields = [f for f in output_cls.__dataclass_fields__ if f not in ("loss", "logits", "aux_loss")]
+
+
+# The router's auxiliary loss in an MoE forward (whitespace removed): the attributes it reads are captured.
+_ROUTER_DEFAULT = re.compile(r"output_router_logits=\(?output_router_logitsifoutput_router_logitsisnotNone"
+                             r"elseself\.((?:\w+\.)*output_router_logits)")
+_ROUTER_CALL = re.compile(r"ifoutput_router_logits:aux_loss=load_balancing_loss_func\(outputs\.router_logits,"
+                          r"self\.([\w.]+),self\.([\w.]+),attention_mask,?\)iflabelsisnotNone:"
+                          r"loss\+=self\.([\w.]+)\*aux_loss\.to\(loss\.device\)")
+
+
+def _router_loss(forward, source: str, missing: list) -> Optional[_RouterLoss]:
+    """The auxiliary loss of an MoE forward (None for a forward without one); what does not match goes to
+    ``missing``."""
+    if "load_balancing_loss_func(" not in source:
+        return None
+    default, call = _ROUTER_DEFAULT.search(source), _ROUTER_CALL.search(source)
+    loss_fn = getattr(inspect.getmodule(forward), "load_balancing_loss_func", None)
+    if default is None or call is None or loss_fn is None or "aux_loss=aux_loss" not in source:
+        missing.append("the router auxiliary loss in the form npu_liger knows")
+        return None
+    experts, top_k, coef = (operator.attrgetter(path) for path in call.groups())
+    return _RouterLoss(loss_fn, experts, top_k, coef, operator.attrgetter(default.group(1)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,11 +143,12 @@ def _plan(cls: type) -> Optional[_Plan]:
     if softcap:
         missing += [f for f in _SOFTCAP if f not in source]
     missing += _odd_logits(forward, softcap)
-    match = re.search(r"return(\w+)\(loss=loss,logits=logits,", source)
+    router = _router_loss(forward, source, missing)
+    match = re.search(r"return(\w+)\(loss=loss,(?:aux_loss=aux_loss,)?logits=logits,", source)
     output_cls = getattr(inspect.getmodule(forward), match.group(1), None) if match else None
     if missing or output_cls is None or not hasattr(output_cls, "__dataclass_fields__"):
         return _unknown(cls, f"missing {missing or 'a known output class'}")
-    return _Plan(cls, forwarded, output_cls, softcap)
+    return _Plan(cls, forwarded, output_cls, softcap, router)
 
 
 def _odd_logits(forward, softcap: bool) -> list:
@@ -227,6 +268,10 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     model_kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep", "return_dict")}
     if not self.config.return_dict:  # the inner model would return a tuple too; its fields are wanted by name
         model_kwargs["return_dict"] = True
+    router = plan.router
+    if router is not None:  # the original's rule: the call's flag, else the config's
+        if model_kwargs.get("output_router_logits") is None:
+            model_kwargs["output_router_logits"] = router.default(self)
     outputs = self.model(input_ids=input_ids, **model_kwargs)
     hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
     hidden = _keep_positions(hidden, kwargs.get("logits_to_keep", 0))
@@ -234,6 +279,13 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     loss, logits = causal_lm_loss_and_logits(hidden, self.lm_head, labels, softcap, kwargs.get("num_items_in_batch"),
                                              kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))
     rest = {f: getattr(outputs, f, None) for f in plan.fields}
+    if router is not None:
+        aux_loss = None
+        if model_kwargs["output_router_logits"]:
+            aux_loss = router.loss_fn(outputs.router_logits, router.experts(self), router.top_k(self),
+                                      kwargs.get("attention_mask"))
+            loss = loss + router.coef(self) * aux_loss.to(loss.device)
+        rest["aux_loss"] = aux_loss
     return plan.output_cls(loss=loss, logits=logits, **rest)
 
 
