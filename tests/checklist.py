@@ -260,3 +260,27 @@ class CountOps(TorchDispatchMode):
         if func.namespace == "npu_liger":
             self.counts[func._opname] = self.counts.get(func._opname, 0) + 1
         return func(*args, **(kwargs or {}))
+
+
+class RecordedEmptyShapes:
+    """``with RecordedEmptyShapes(module) as shapes: ...``: the shapes of every ``torch.empty`` that ``module``
+    (an npu_ops file, through its ``torch`` name) allocates inside the block, to check that a chunked op never
+    makes the whole (rows x vocabulary) buffer."""
+
+    def __init__(self, module):
+        self.module, self.shapes = module, []
+
+    def __enter__(self) -> list:
+        real_empty = torch.empty
+
+        def recording_empty(*args, **kwargs):
+            out = real_empty(*args, **kwargs)
+            self.shapes.append(tuple(out.shape))
+            return out
+
+        self._real, self.module.torch.empty = real_empty, recording_empty
+        return self.shapes
+
+    def __exit__(self, *exc):
+        self.module.torch.empty = self._real
+        return False
