@@ -255,6 +255,130 @@ def fused_moe_reference(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
     return out
 
 
+# The preference losses (fused_linear_dpo, _orpo, _simpo, _cpo, _kto), from the papers' formulas with Liger's
+# conventions (tests/test_preference_losses.py judges them in depth); the *_reference functions below them take the
+# public functions' arguments.
+def preference_token_logps(x, w, b, target, ignore_index=-100):
+    logits = x @ w.T + (0 if b is None else b)
+    logits = logits if logits.dtype == torch.float64 else logits.float()  # half-precision logits, fp32 loss
+    valid = target != ignore_index
+    # ignored tokens are not read by the loss (their logits still count in the logits-mean metrics)
+    read = torch.where(valid.unsqueeze(-1), logits, 0.0)
+    lp = read.log_softmax(-1).gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(valid, lp, 0.0), valid, logits
+
+
+def preference_sequence_logps(lp, valid, average):
+    return lp.sum(-1) / valid.sum(-1).clamp_min(1) if average else lp.sum(-1)
+
+
+def pair_reference(kind, x, w, target, b, ref=None, beta=0.1, eps=0.0, nll=False, alpha=1.0, average=False,
+                   gamma=0.5, ignore_index=-100):
+    lp, valid, logits = preference_token_logps(x, w, b, target, ignore_index)
+    s = preference_sequence_logps(lp, valid, average)
+    n = x.shape[0] // 2
+    c, r = s[:n], s[n:]
+    rc, rr = (torch.zeros_like(c), torch.zeros_like(r)) if ref is None else ref
+    extra = ()
+    if kind == "dpo":
+        z = beta * ((c - rc) - (r - rr))
+    elif kind in ("simpo", "cpo"):
+        z = beta * (c - r) - (gamma if kind == "simpo" else 0.0)
+    if kind == "orpo":
+        log_odds = (c - r) - (torch.log1p(-torch.exp(c)) - torch.log1p(-torch.exp(r)))
+        loss = -beta * F.logsigmoid(log_odds).mean()
+        extra = (F.logsigmoid(log_odds).mean().detach(), log_odds.mean().detach())
+    else:
+        loss = (-(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)).mean()
+    nll_loss = -lp[:n].sum() / valid[:n].sum().clamp_min(1)
+    if nll:
+        loss = loss + alpha * nll_loss
+    means = logits.detach().reshape(2, -1).sum(-1) / (n * x.shape[1] * w.shape[0])
+    return (loss, c.detach(), r.detach(), means[0], means[1], nll_loss.detach(), (beta * (c - rc)).detach(),
+            (beta * (r - rr)).detach(), *extra)
+
+
+def kto_reference(x, w, target, labels, b, ref=None, kl=None, beta=0.1, average=False, ignore_index=-100):
+    lp, valid, logits = preference_token_logps(x, w, b, target, ignore_index)
+    s = preference_sequence_logps(lp, valid, average)
+    ratio = s - (0 if ref is None else ref)
+    sign = torch.where(labels, 1.0, -1.0).to(s.dtype)
+    loss = (1 - torch.sigmoid(beta * (ratio - (0 if kl is None else kl)) * sign)).mean()
+    ls = logits.detach().sum((1, 2))
+
+    def split(v):
+        v = v.detach()
+        return torch.where(labels, v, 0).sum(), torch.where(labels, 0, v).sum()
+
+    return (loss, *split(s), *split(ls), *split(beta * ratio))
+
+
+
+def _reference_model_logps(ref_input, ref_weight, ref_bias, target, ignore_index, average):
+    """The reference model's per-sequence log-probabilities (no gradient), or None without one."""
+    if ref_input is None:
+        return None
+    lp, valid, _ = preference_token_logps(ref_input.detach(), ref_weight.detach(),
+                                          None if ref_bias is None else ref_bias.detach(), target, ignore_index)
+    return preference_sequence_logps(lp, valid, average)
+
+
+def dpo_reference(input, weight, target, bias=None, ref_input=None, ref_weight=None, ref_bias=None,
+                  ref_chosen_logps=None, ref_rejected_logps=None, ignore_index=-100, beta=0.1, label_smoothing=0.0,
+                  compute_nll_loss=False, alpha=1.0, average_log_prob=False):
+    ref = _reference_model_logps(ref_input, ref_weight, ref_bias, target, ignore_index, average_log_prob)
+    if ref is not None:
+        ref = ref.split(input.shape[0] // 2)
+    elif ref_chosen_logps is not None:
+        ref = (ref_chosen_logps, ref_rejected_logps)
+    return pair_reference("dpo", input, weight, target, bias, ref, beta, label_smoothing, compute_nll_loss, alpha,
+                          average_log_prob, ignore_index=ignore_index)
+
+
+def orpo_reference(input, weight, target, bias=None, ignore_index=-100, beta=0.1, compute_nll_loss=True):
+    return pair_reference("orpo", input, weight, target, bias, None, beta, nll=compute_nll_loss, average=True,
+                          ignore_index=ignore_index)
+
+
+def simpo_reference(input, weight, target, bias=None, ignore_index=-100, beta=0.1, alpha=1.0, label_smoothing=0.0,
+                    compute_nll_loss=True, gamma=0.5):
+    return pair_reference("simpo", input, weight, target, bias, None, beta, label_smoothing, compute_nll_loss, alpha,
+                          True, gamma, ignore_index)
+
+
+def cpo_reference(input, weight, target, bias=None, ignore_index=-100, beta=0.1, alpha=1.0, label_smoothing=0.0,
+                  compute_nll_loss=True, average_log_prob=False):
+    return pair_reference("cpo", input, weight, target, bias, None, beta, label_smoothing, compute_nll_loss, alpha,
+                          average_log_prob, ignore_index=ignore_index)
+
+
+def fused_linear_kto_reference(input, weight, target, preference_labels, bias=None, ref_input=None, ref_weight=None,
+                               ref_bias=None, ref_logps=None, kl=None, ignore_index=-100, beta=0.1,
+                               average_log_prob=False):
+    ref = _reference_model_logps(ref_input, ref_weight, ref_bias, target, ignore_index, average_log_prob)
+    return kto_reference(input, weight, target, preference_labels, bias, ref if ref is not None else ref_logps, kl,
+                         beta, average_log_prob, ignore_index)
+
+
+def _sequences(n_seq=4, seq=3, hidden=8, vocab=11):
+    """(N, T, H) hidden states, (V, H) weight, (N, T) targets with one ignored token, (V,) bias."""
+    target = index((n_seq, seq), vocab)
+    target[0, 1] = -100
+    return randn((n_seq, seq, hidden)), randn((vocab, hidden), scale=0.4), target, randn((vocab,))
+
+
+def _dpo_case():
+    x, w, target, b = _sequences()
+    return (x, w, target, b, randn((4, 3, 6)), randn((11, 6), scale=0.4), None, None, None, -100, 0.2, 0.1, True,
+            0.5, False)
+
+
+def _kto_case():
+    x, w, target, b = _sequences()
+    labels = torch.tensor([True, False, True, False], device=DEVICE)
+    return (x, w, target, labels, b, None, None, None, randn((4,)) - 5.0, randn(()).abs(), -100, 0.3, False)
+
+
 CASES = {
     "geglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), gelu_tanh_product),
     "swiglu": OpCase(lambda: (randn((3, 37)), randn((3, 37))), (0, 1), silu_product),
@@ -293,6 +417,13 @@ CASES = {
     "fused_linear_jsd": OpCase(lambda: (randn((4, 8)), randn((10, 8)), randn((4, 6)), randn((10, 6)), None, 0.5,
                                         -100, 2.0), (0, 1), fused_linear_jsd_reference),
     "grpo_loss": OpCase(_grpo_case, (0,), grpo_loss_reference),
+    # preference losses: chosen sequences first, then rejected; a reference model (DPO) or precomputed ones (KTO)
+    "fused_linear_dpo": OpCase(_dpo_case, (0, 1, 3), dpo_reference),
+    "fused_linear_orpo": OpCase(lambda: (*_sequences(), -100, 0.2, True), (0, 1, 3), orpo_reference),
+    "fused_linear_simpo": OpCase(lambda: (*_sequences(), -100, 2.0, 0.7, 0.1, True, 0.5), (0, 1, 3),
+                                 simpo_reference),
+    "fused_linear_cpo": OpCase(lambda: (*_sequences(), -100, 0.1, 1.0, 0.0, True, True), (0, 1, 3), cpo_reference),
+    "fused_linear_kto": OpCase(_kto_case, (0, 1, 4), fused_linear_kto_reference),
     # 3 experts, intermediate 8; index 3 (= E) is a slot served elsewhere
     "fused_moe": OpCase(lambda: (randn((5, 16)), randn((3, 16, 16), scale=0.3), randn((3, 16, 8), scale=0.3),
                                  index((5, 2), 4), randn((5, 2)).softmax(-1)), (0, 1, 2, 4), fused_moe_reference),

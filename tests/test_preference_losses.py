@@ -6,66 +6,15 @@ from unittest import mock
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import npu_liger
 import npu_liger.npu_ops._preference as core
 from checklist import DEVICE, assert_close, randn, run_opcheck
+from op_cases import kto_reference, pair_reference
+from op_cases import preference_sequence_logps as seq_logps
+from op_cases import preference_token_logps as token_logps
 
 N_PAIRS, T, H, V = 3, 5, 8, 13
-
-
-def token_logps(x, w, b, target):
-    logits = x @ w.T + (0 if b is None else b)
-    logits = logits if logits.dtype == torch.float64 else logits.float()  # half-precision logits, fp32 loss
-    valid = target != -100
-    lp = logits.log_softmax(-1).gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
-    return torch.where(valid, lp, 0.0), valid, logits
-
-
-def seq_logps(lp, valid, average):
-    return lp.sum(-1) / valid.sum(-1).clamp_min(1) if average else lp.sum(-1)
-
-
-def pair_reference(kind, x, w, target, b, ref=None, beta=0.1, eps=0.0, nll=False, alpha=1.0, average=False,
-                   gamma=0.5):
-    lp, valid, logits = token_logps(x, w, b, target)
-    s = seq_logps(lp, valid, average)
-    n = x.shape[0] // 2
-    c, r = s[:n], s[n:]
-    rc, rr = (torch.zeros_like(c), torch.zeros_like(r)) if ref is None else ref
-    extra = ()
-    if kind == "dpo":
-        z = beta * ((c - rc) - (r - rr))
-    elif kind in ("simpo", "cpo"):
-        z = beta * (c - r) - (gamma if kind == "simpo" else 0.0)
-    if kind == "orpo":
-        log_odds = (c - r) - (torch.log1p(-torch.exp(c)) - torch.log1p(-torch.exp(r)))
-        loss = -beta * F.logsigmoid(log_odds).mean()
-        extra = (F.logsigmoid(log_odds).mean().detach(), log_odds.mean().detach())
-    else:
-        loss = (-(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)).mean()
-    nll_loss = -lp[:n].sum() / valid[:n].sum().clamp_min(1)
-    if nll:
-        loss = loss + alpha * nll_loss
-    means = logits.detach().reshape(2, -1).sum(-1) / (n * x.shape[1] * w.shape[0])
-    return (loss, c.detach(), r.detach(), means[0], means[1], nll_loss.detach(), (beta * (c - rc)).detach(),
-            (beta * (r - rr)).detach(), *extra)
-
-
-def kto_reference(x, w, target, labels, b, ref=None, kl=None, beta=0.1, average=False):
-    lp, valid, logits = token_logps(x, w, b, target)
-    s = seq_logps(lp, valid, average)
-    ratio = s - (0 if ref is None else ref)
-    sign = torch.where(labels, 1.0, -1.0).to(s.dtype)
-    loss = (1 - torch.sigmoid(beta * (ratio - (0 if kl is None else kl)) * sign)).mean()
-    ls = logits.detach().sum((1, 2))
-
-    def split(v):
-        v = v.detach()
-        return torch.where(labels, v, 0).sum(), torch.where(labels, 0, v).sum()
-
-    return (loss, *split(s), *split(ls), *split(beta * ratio))
 
 
 def make(n_pairs=N_PAIRS, dtype=torch.float32, seq=T):
