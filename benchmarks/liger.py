@@ -113,6 +113,13 @@ _POLY = lambda f: lambda x, w, b: (f(x, w, b, 1e-6, True),)  # noqa: E731
 _POLY_CLS = lambda c: lambda x, w, b: (c.apply(x, w, b, 1e-6, True),)  # noqa: E731
 _GN = lambda f: lambda x, w, b, groups: (f(x, w, b, x.shape[1], groups, 1e-5),)  # noqa: E731
 _GN_CLS = lambda c: lambda x, w, b, groups: (c.apply(x, w, b, x.shape[1], groups, 1e-5),)  # noqa: E731
+
+
+def _dpo_module(cls):
+    loss = cls(beta=0.1, use_ref_model=True, compiled=True)
+    return lambda x, w, y, rx, rw: (loss(w, x, y, None, rx, rw)[0].float(),)
+
+
 _MOE_CLS = lambda c: lambda x, gu, dp, index, w: (c.apply(x, gu, dp, index.to(torch.int32), w),)  # noqa: E731
 
 F = "liger_kernel.transformers.functional"
@@ -166,6 +173,7 @@ CANDIDATES: Dict[str, List[Tuple[str, Callable]]] = {
                   ("liger_kernel.ops.poly_norm:LigerPolyNormFunction", _POLY_CLS)],
     "group_norm": [(f"{F}:liger_group_norm", _GN), ("liger_kernel.ops:LigerGroupNormFunction", _GN_CLS),
                    ("liger_kernel.ops.group_norm:LigerGroupNormFunction", _GN_CLS)],
+    "fused_linear_dpo": [("liger_kernel.chunked_loss:LigerFusedLinearDPOLoss", _dpo_module)],
     "fused_moe": [("liger_kernel.ops:LigerFusedMoEFunction", _MOE_CLS),
                   ("liger_kernel.ops.fused_moe:LigerFusedMoEFunction", _MOE_CLS)],
 }

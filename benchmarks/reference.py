@@ -287,3 +287,23 @@ def moe_experts_grouped_mm(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, t
     from transformers.integrations.moe import grouped_mm_experts_forward
 
     return grouped_mm_experts_forward(_moe_stand_in(gate_up_proj, down_proj), x, top_k_index, top_k_weights)
+
+
+def fused_linear_dpo(x: Tensor, weight: Tensor, target: Tensor, ref_x: Tensor, ref_weight: Tensor, beta: float = 0.1,
+                     ignore_index: int = -100) -> Tensor:
+    """The unfused DPO sigmoid loss: both models' logits (N, T, V) in their dtype, log-softmax in fp32, the target
+    tokens' log-probabilities summed per sequence (ignore_index counts for nothing), chosen rows first then
+    rejected, ``-logsigmoid(beta * ((c - rc) - (r - rr)))`` averaged over the pairs; the reference without grad."""
+    valid = target != ignore_index
+    safe = torch.where(valid, target, 0)
+
+    def seq_logps(h, w):
+        logp = (h @ w.t()).float().log_softmax(-1).gather(-1, safe[..., None]).squeeze(-1)
+        return (logp * valid).sum(-1)
+
+    policy = seq_logps(x, weight)
+    with torch.no_grad():
+        ref = seq_logps(ref_x, ref_weight)
+    half = x.shape[0] // 2
+    margin = (policy[:half] - ref[:half]) - (policy[half:] - ref[half:])
+    return -torch.nn.functional.logsigmoid(beta * margin).mean()

@@ -78,3 +78,15 @@ def test_host_overhead_with_faked_launches_measures_the_package_alone(tmp_path):
     rows = json.loads(out.read_text())
     assert [row["op"] for row in rows] == ["swiglu"]
     assert all(rows[0][f"{v}_{k}_us"] > 0 for v in ("npu_liger", "eager") for k in ("fwd", "fb"))
+
+
+def test_smoke_fused_linear_dpo_matches_the_unfused_formula(tmp_path):
+    """The DPO spec (policy and reference model, chosen then rejected) at its tiny smoke size: ours agrees with
+    the unfused torch formula."""
+    out = tmp_path / "dpo"
+    stdout = _run([sys.executable, str(RUN), "--device", "cpu", "--smoke", "--ops", "fused_linear_dpo", "--out",
+                   str(out)])
+    assert "MISMATCH" not in stdout
+    rows = {r["variant"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert {"npu_liger", "eager"} <= set(rows)
+    assert all(r["op"] == "fused_linear_dpo" and r["check"] == "ok" and r["fb_ms"] > 0 for r in rows.values())

@@ -307,3 +307,22 @@ def test_without_model_patches_models_built_afterwards(nlt):
 
 def test_npu_liger_top_level_is_untouched():
     assert not any(name.startswith("apply_liger") for name in npu_liger.__all__)
+
+
+def test_chunked_loss_names_switch_by_import():
+    """``from npu_liger.chunked_loss import LigerFusedLinearDPOLoss`` (was liger_kernel.chunked_loss): the names
+    are our modules, built with Liger's keywords, called with Liger's forward order, returning (loss, metrics)."""
+    from npu_liger import chunked_loss as ck
+    from npu_liger import nn as nl
+    assert ck.LigerFusedLinearDPOLoss is nl.FusedLinearDPOLoss and ck.LigerFusedLinearKTOLoss is nl.FusedLinearKTOLoss
+    assert sorted(ck.__all__) == sorted(f"Liger{n}" for n in ("FusedLinearCPOLoss", "FusedLinearDPOLoss",
+                                                              "FusedLinearKTOLoss", "FusedLinearORPOLoss",
+                                                              "FusedLinearSimPOLoss"))
+    x, w, y = torch.randn(4, 5, 8), torch.randn(16, 8) * 0.3, torch.randint(0, 16, (4, 5))
+    loss, metrics = ck.LigerFusedLinearDPOLoss(ignore_index=-100, beta=0.1, compute_nll_loss=True, compiled=True,
+                                               use_ref_model=False, chunk_size=1)(w, x, y)
+    assert loss.dim() == 0 and len(metrics) == 7
+    loss, metrics = ck.LigerFusedLinearORPOLoss(beta=0.1, compiled=False)(w, x, y)
+    assert len(metrics) == 9
+    loss, metrics = ck.LigerFusedLinearKTOLoss(beta=0.1)(x, w, y, None, torch.tensor([True, False, True, False]))
+    assert len(metrics) == 6
