@@ -182,3 +182,17 @@ def test_different_code_is_left_and_reported():
     report = nlt.patch_report(model)
     assert "NemotronMLP" in report.left["mlp"] and "NemotronLayerNorm1P" in report.left["norm"], report
     assert nlt.patch_summary(model)["mlp"] == {} and nlt.patch_summary(model)["norm"] == {}
+
+
+def test_recognised_family_with_nothing_patched_says_why():
+    """Granite with only the loss patch asked for: the family is recognised but its scaled logits keep the loss
+    transformers'; the warning names the family, what was left and why, and what the call turned off (not the
+    "no module of a supported family" message)."""
+    model = _build("granite")
+    with pytest.warns(UserWarning) as caught:
+        nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
+    message = " ".join(str(w.message) for w in caught)
+    assert "no module of a supported family" not in message, message
+    assert "family granite" in message and "nothing was patched" in message, message
+    assert "GraniteForCausalLM" in message and "logits" in message, message
+    assert "turned off by the call: rope, mlp, norm" in message, message
