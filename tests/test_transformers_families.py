@@ -196,3 +196,31 @@ def test_recognised_family_with_nothing_patched_says_why():
     assert "family granite" in message and "nothing was patched" in message, message
     assert "GraniteForCausalLM" in message and "logits" in message, message
     assert "turned off by the call: rope, mlp, norm" in message, message
+
+
+# dense, MoE, VL (its text LM); the MoE's reference is fp32, since its experts' grouped matmul has no float64 (fp32's
+# error, ~1e-7, is far below bf16's 4e-3, so it serves as the exact value)
+@pytest.mark.parametrize("family,ref_dtype", [("ministral", torch.float64), ("qwen3_next", torch.float32),
+                                              ("mllama", torch.float64)])
+def test_family_bf16_within_eager_error(family, ref_dtype):
+    """bf16: the patched model's logits, loss and gradients are judged against the float64 run of the same
+    weights, with the eager (unpatched) bf16 run's own error as the yardstick (checklist.assert_close: no worse
+    than twice it). Floor: 4 bf16 roundings, since a whole layer's forward and backward round many times and
+    eager's error on a small tensor can be small by luck."""
+    import copy
+
+    from checklist import assert_close
+
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    model = _build(family)
+    ref64 = _run(copy.deepcopy(model).to(ref_dtype), ids)
+    eager = _run(copy.deepcopy(model).to(torch.bfloat16), ids)
+    model = model.to(torch.bfloat16)
+    nlt.apply_to_model(model, loss=False)
+    got = _run(model, ids)
+    for name, value in ref64.items():
+        if value is None or value.abs().max() <= NOISE:
+            continue
+        # the loss comes back fp32 (HF upcasts the bf16 logits): judged as bf16, one more rounding within the floor
+        assert_close(got[name].to(torch.bfloat16), value, eager[name].to(torch.bfloat16),
+                     what=f"{family} bf16 {name}", roundings=4)
