@@ -19,6 +19,10 @@ BASE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_l
             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, initializer_range=0.2, bos_token_id=1,
             eos_token_id=2, pad_token_id=0)
 DENSE = ("rms_norm", "swiglu", "rope")
+MOE = dict(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+# a gradient whose reference is below this is rounding noise (DeepSeek-V4's router gate: ~3e-9 with loss ~4.6);
+# it is compared absolutely, since a relative error of noise means nothing
+NOISE = 1e-7
 
 # family -> (config class, causal LM class, extra config, forward ops that must run, loss patched)
 CASES = {
@@ -42,6 +46,28 @@ CASES = {
                          qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
                          moe_intermediate_size=16, first_k_dense_replace=0, n_group=1, topk_group=1),
                     ("rms_norm", "swiglu", "rope", "fused_moe_with_saved"), True),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {"layer_types": ["full_attention"]}, DENSE, True),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   dict(layer_types=["full_attention"], **MOE, shared_expert_intermediate_size=16),
+                   (*DENSE, "fused_moe_with_saved"), True),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", MOE, ("rms_norm", "rope", "fused_moe_with_saved"),
+                   False),  # logits_scaling: loss left
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", MOE, ("layer_norm", "rope", "fused_moe_with_saved"), True),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM",
+                      dict(head_dim=4, rope_interleave=False, n_routed_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=16, first_k_dense_replace=0, n_group=1, topk_group=1,
+                           q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8),
+                      DENSE, True),
+    # text part of the VL model; its causal LM's loss is not patched (the report does not yet say why)
+    "mllama": ("MllamaTextConfig", "MllamaForCausalLM", {"cross_attention_layers": []}, DENSE, False),
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM",
+                  dict(mamba_d_ssm=16, mamba_n_heads=4, mamba_d_head=4, mamba_d_state=8, mamba_n_groups=1,
+                       mamba_chunk_size=4), ("rms_norm", "rope"), False),  # multipliers: loss left
+    "deepseek_v4": ("DeepseekV4Config", "DeepseekV4ForCausalLM", MOE, ("rms_norm",), False),
+    "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM",
+                dict(hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=2,
+                     hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, layer_types=["full_attention"],
+                     activation_sparsity_pattern=[0.0], intermediate_size=[48]), (), True),
 }
 
 
@@ -74,6 +100,9 @@ def _assert_close(got, ref, what):
     for name, value in ref.items():
         if value is None:
             assert got[name] is None, f"{what} {name}: gradient appeared"
+            continue
+        if value.abs().max() <= NOISE:
+            assert (got[name] - value).abs().max() <= NOISE, f"{what} {name}: beyond rounding noise"
             continue
         err = rel_error(got[name], value)
         assert err <= FP32_RTOL, f"{what} {name}: relative error {err:.2e}"
@@ -153,3 +182,45 @@ def test_different_code_is_left_and_reported():
     report = nlt.patch_report(model)
     assert "NemotronMLP" in report.left["mlp"] and "NemotronLayerNorm1P" in report.left["norm"], report
     assert nlt.patch_summary(model)["mlp"] == {} and nlt.patch_summary(model)["norm"] == {}
+
+
+def test_recognised_family_with_nothing_patched_says_why():
+    """Granite with only the loss patch asked for: the family is recognised but its scaled logits keep the loss
+    transformers'; the warning names the family, what was left and why, and what the call turned off (not the
+    "no module of a supported family" message)."""
+    model = _build("granite")
+    with pytest.warns(UserWarning) as caught:
+        nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
+    message = " ".join(str(w.message) for w in caught)
+    assert "no module of a supported family" not in message, message
+    assert "family granite" in message and "nothing was patched" in message, message
+    assert "GraniteForCausalLM" in message and "logits" in message, message
+    assert "turned off by the call: rope, mlp, norm" in message, message
+
+
+# dense, MoE, VL (its text LM); the MoE's reference is fp32, since its experts' grouped matmul has no float64 (fp32's
+# error, ~1e-7, is far below bf16's 4e-3, so it serves as the exact value)
+@pytest.mark.parametrize("family,ref_dtype", [("ministral", torch.float64), ("qwen3_next", torch.float32),
+                                              ("mllama", torch.float64)])
+def test_family_bf16_within_eager_error(family, ref_dtype):
+    """bf16: the patched model's logits, loss and gradients are judged against the float64 run of the same
+    weights, with the eager (unpatched) bf16 run's own error as the yardstick (checklist.assert_close: no worse
+    than twice it). Floor: 4 bf16 roundings, since a whole layer's forward and backward round many times and
+    eager's error on a small tensor can be small by luck."""
+    import copy
+
+    from checklist import assert_close
+
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    model = _build(family)
+    ref64 = _run(copy.deepcopy(model).to(ref_dtype), ids)
+    eager = _run(copy.deepcopy(model).to(torch.bfloat16), ids)
+    model = model.to(torch.bfloat16)
+    nlt.apply_to_model(model, loss=False)
+    got = _run(model, ids)
+    for name, value in ref64.items():
+        if value is None or value.abs().max() <= NOISE:
+            continue
+        # the loss comes back fp32 (HF upcasts the bf16 logits): judged as bf16, one more rounding within the floor
+        assert_close(got[name].to(torch.bfloat16), value, eager[name].to(torch.bfloat16),
+                     what=f"{family} bf16 {name}", roundings=4)

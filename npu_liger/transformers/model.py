@@ -117,7 +117,15 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
             patch_losses(model)
         _note_left(model, rep, dict(rope=rope, mlp=mlp, norm=norm, loss=loss))
     report.store(model, rep)
-    if not any(rep.patched.values()):
+    if not any(rep.patched.values()) and families:
+        # recognised, but every piece asked for is one the family's code keeps (e.g. Granite's scaled logits)
+        off = [piece for piece, on in dict(rope=rope, mlp=mlp, norm=norm, loss=loss).items() if not on]
+        left = "; ".join(f"{kind}: " + ", ".join(f"{k} ({why})" for k, why in sorted(d.items()))
+                         for kind, d in rep.left.items() if d) or "nothing found to patch"
+        warnings.warn(f"npu_liger: {type(model).__name__} is of the family {', '.join(rep.families)}, but nothing was "
+                      f"patched: what was asked for is left to transformers, because {left}"
+                      + (f" (turned off by the call: {', '.join(off)})" if off else ""), stacklevel=2)
+    elif not any(rep.patched.values()):
         supported = ", ".join(FAMILIES)
         warnings.warn(f"npu_liger: {type(model).__name__} contains no module of a supported family ({supported}) "
                       f"and no module of a form npu_liger recognises; nothing patched ({rep.summary()})",
