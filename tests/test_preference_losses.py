@@ -10,13 +10,18 @@ import torch.nn.functional as F
 
 import npu_liger
 import npu_liger.npu_ops._preference as core
-from checklist import DEVICE, assert_close, randn, run_opcheck
+from checklist import (DEVICE, assert_close, assert_rounded_grad_close, chunked_rounding_size, randn,
+                       rounded_logit_grads_sizes, run_opcheck)
 
 N_PAIRS, T, H, V = 3, 5, 8, 13
+CAPTURED_LOGITS = []  # token_logps appends its logits here while a test clears and reads it
 
 
 def token_logps(x, w, b, target):
     logits = x @ w.T + (0 if b is None else b)
+    if logits.requires_grad and logits.dtype == torch.float64:
+        logits.retain_grad()
+        CAPTURED_LOGITS.append(logits)
     logits = logits if logits.dtype == torch.float64 else logits.float()  # half-precision logits, fp32 loss
     valid = target != -100
     lp = logits.log_softmax(-1).gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
@@ -148,12 +153,24 @@ def test_bfloat16_against_the_eager_bfloat16_reference(name):
                                                 "ref64_seq": e["ref64_seq"].float()})
     want_lp[0].backward()
     l64 = [t.detach().double().requires_grad_(True) for t in (x, w, b)]
+    CAPTURED_LOGITS.clear()
     want = ref(l64[0], l64[1], target, l64[2], e)
     want[0].backward()
     assert_close(out[0].bfloat16(), want[0], want_lp[0].bfloat16(), what=f"{name} loss")
-    for got, eager, r in zip(leaves, lp, l64):
+    # Our d loss / d logits are stored in bf16 before the matmuls and grad_weight accumulates chunk by chunk in
+    # bf16: more roundings than the unfused eager run's, sized from the float64 logits' gradient as in
+    # test_fused_linear_cross_entropy. A chunk holds one unit (a pair: chosen i then rejected n + i; one
+    # sequence for kto), so the rows are taken in the chunks' order for the running sums.
+    (logits64,) = CAPTURED_LOGITS
+    n = x.shape[0] // 2
+    order = [i for p in range(n) for i in (p, n + p)] if name != "kto" else list(range(x.shape[0]))
+    g64 = logits64.grad[order].reshape(-1, V)
+    x_rows = x[order].reshape(-1, H)
+    sizes = dict(rounded_logit_grads_sizes(logits64.grad.reshape(-1, V), w),
+                 weight=chunked_rounding_size(g64, x_rows, (2 if name != "kto" else 1) * T))
+    for what, got, eager, r in zip(("x", "weight", "bias"), leaves, lp, l64):
         assert got.grad.dtype == torch.bfloat16
-        assert_close(got.grad, r.grad, eager.grad, what=f"{name} gradient")
+        assert_rounded_grad_close(got.grad, r.grad, eager.grad, sizes[what], f"{name} gradient {what}", 0.0)
 
 
 def test_opcheck_and_compile_without_recompiles():
