@@ -174,6 +174,7 @@ def fused_linear_grpo_reference(input, weight, selected_token_ids, attention_mas
     """The case's options only (beta = 0, no old log-probabilities, dapo = bnpo without num_items_in_batch): the
     token mean of -A * exp(logp - logp.detach()) (clipping never applies), then its KL mean 0 and clip ratio 0."""
     logits = _at_least_fp32(F.linear(input, weight, bias)) / temperature
+    logits = torch.where((attention_mask != 0).unsqueeze(-1), logits, 0.0)  # masked tokens are not read
     logp = logits.log_softmax(-1).gather(-1, selected_token_ids.unsqueeze(-1)).squeeze(-1)
     m = (attention_mask != 0).to(logp.dtype)
     loss_t = -torch.exp(logp - logp.detach()) * advantages.to(logp.dtype).unsqueeze(-1)
