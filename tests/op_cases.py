@@ -176,10 +176,11 @@ def fused_linear_grpo_reference(input, weight, selected_token_ids, attention_mas
     logits = _at_least_fp32(F.linear(input, weight, bias)) / temperature
     logits = torch.where((attention_mask != 0).unsqueeze(-1), logits, 0.0)  # masked tokens are not read
     logp = logits.log_softmax(-1).gather(-1, selected_token_ids.unsqueeze(-1)).squeeze(-1)
-    m = (attention_mask != 0).to(logp.dtype)
+    kept = attention_mask != 0
     loss_t = -torch.exp(logp - logp.detach()) * advantages.to(logp.dtype).unsqueeze(-1)
+    loss_t = torch.where(kept, loss_t, 0)  # a masked token counts for nothing, NaN or not (as ignore_index rows)
     zero = logp.new_zeros(())  # beta = 0: no KL computed; a NaN ratio compares False: not clipped
-    return (loss_t * m).sum() / m.sum().clamp_min(1), zero, zero
+    return loss_t.sum() / kept.sum().clamp_min(1), zero, zero
 
 
 def grpo_loss_reference(logits, completion_ids, advantages, completion_mask=None, old_logp=None, ref_logp=None,
