@@ -18,6 +18,7 @@ from .registrations.fused_linear_jsd import fused_linear_jsd  # noqa: E402
 from .registrations.fused_linear_cpo import fused_linear_cpo  # noqa: E402
 from .registrations.fused_linear_dpo import fused_linear_dpo  # noqa: E402
 from .registrations.fused_linear_kto import fused_linear_kto  # noqa: E402
+from .registrations.fused_linear_grpo import fused_linear_grpo  # noqa: E402
 from .registrations.fused_linear_orpo import fused_linear_orpo  # noqa: E402
 from .registrations.fused_linear_simpo import fused_linear_simpo  # noqa: E402
 from .registrations.fused_moe import fused_moe  # noqa: E402

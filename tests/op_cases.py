@@ -167,6 +167,22 @@ def fused_linear_jsd_reference(student_input, student_weight, teacher_input, tea
     return jsd_reference(student, teacher.detach(), shift_labels, jsd_beta, ignore_index)
 
 
+def fused_linear_grpo_reference(input, weight, selected_token_ids, attention_mask, advantages, bias=None,
+                                ref_input=None, ref_weight=None, ref_bias=None, ref_per_token_logps=None,
+                                old_per_token_logps=None, beta=0.04, epsilon_low=0.2, epsilon_high=0.2,
+                                temperature=1.0, loss_type="dapo", max_completion_length=None):
+    """The case's options only (beta = 0, no old log-probabilities, dapo = bnpo without num_items_in_batch): the
+    token mean of -A * exp(logp - logp.detach()) (clipping never applies), then its KL mean 0 and clip ratio 0."""
+    logits = _at_least_fp32(F.linear(input, weight, bias)) / temperature
+    logits = torch.where((attention_mask != 0).unsqueeze(-1), logits, 0.0)  # masked tokens are not read
+    logp = logits.log_softmax(-1).gather(-1, selected_token_ids.unsqueeze(-1)).squeeze(-1)
+    kept = attention_mask != 0
+    loss_t = -torch.exp(logp - logp.detach()) * advantages.to(logp.dtype).unsqueeze(-1)
+    loss_t = torch.where(kept, loss_t, 0)  # a masked token counts for nothing, NaN or not (as ignore_index rows)
+    zero = logp.new_zeros(())  # beta = 0: no KL computed; a NaN ratio compares False: not clipped
+    return loss_t.sum() / kept.sum().clamp_min(1), zero, zero
+
+
 def grpo_loss_reference(logits, completion_ids, advantages, completion_mask=None, old_logp=None, ref_logp=None,
                         temperature=1.0, beta=0.0, eps_low=0.2, eps_high=0.2, loss_type="dapo",
                         max_completion_length=None, num_items_in_batch=None):
@@ -424,6 +440,9 @@ CASES = {
                                  simpo_reference),
     "fused_linear_cpo": OpCase(lambda: (*_sequences(), -100, 0.1, 1.0, 0.0, True, True), (0, 1, 3), cpo_reference),
     "fused_linear_kto": OpCase(_kto_case, (0, 1, 4), fused_linear_kto_reference),
+    "fused_linear_grpo": OpCase(lambda: (randn((2, 3, 8)), randn((10, 8)), index((2, 3), 10),
+                                         torch.tensor([[1, 1, 0], [1, 1, 1]], device=DEVICE), randn((2,)), None,
+                                         None, None, None, None, None, 0.0), (0, 1), fused_linear_grpo_reference),
     # 3 experts, intermediate 8; index 3 (= E) is a slot served elsewhere
     "fused_moe": OpCase(lambda: (randn((5, 16)), randn((3, 16, 16), scale=0.3), randn((3, 16, 8), scale=0.3),
                                  index((5, 2), 4), randn((5, 2)).softmax(-1)), (0, 1, 2, 4), fused_moe_reference),

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 import npu_liger
 import npu_liger.npu_ops.fused_linear_cross_entropy as flce_kernels
-from checklist import (DEVICE, FLOAT_DTYPES, UNIT_ROUNDOFF, assert_close, assert_no_alias,
-                       assert_unchanged, randn, rel_error, run_opcheck, snapshot)
+from checklist import (DEVICE, FLOAT_DTYPES, UNIT_ROUNDOFF, assert_close, assert_no_alias, assert_rounded_grad_close,
+                       assert_unchanged, chunked_rounding_size, randn, rel_error, rounded_logit_grads_sizes,
+                       run_opcheck, snapshot)
 from test_cross_entropy import (APPROXIMATE_MATH_FLOOR, assert_fp32_close, assert_scaled, logit_grad_sizes,
                                 loss_floor, make_class_weight, make_target, reference as ce_reference)
 
@@ -85,52 +86,6 @@ def logit_grads64(x, weight, bias, target, grad_out, options) -> torch.Tensor:
     ce_reference(logits, target, None if ce_weight is None else ce_weight.double(), *rest).backward(
         grad_out.double())
     return logits.grad
-
-
-def chunked_rounding_size(grad_logits64, x, rows):
-    """The size of the roundings the chunked grad_weight adds to the unfused run's: every chunk's addmm rounds
-    the running sum S_k once (norm-wise at most u ||S_k||, independently from chunk to chunk), so
-    sqrt(sum_k ||S_k||^2) unit roundoffs, from float64 (partial sums larger than the total, when rows cancel,
-    count as such)."""
-    g, xs = grad_logits64, x.detach().double()
-    partial, size = torch.zeros_like(g.t() @ xs), 0.0
-    rows = rows or max(1, g.shape[0])
-    for start in range(0, g.shape[0], rows):
-        partial = partial + g[start:start + rows].t() @ xs[start:start + rows]
-        size += partial.norm().item() ** 2
-    return size ** 0.5
-
-
-def rounded_logit_grads_sizes(grad_logits64, weight) -> dict:
-    """{"x", "bias"} -> the size of the error each inherits from dlogits rounded to half precision (every term
-    off by up to u of itself): grad_x = dlogits @ weight, u || |dlogits| @ |weight| ||; grad_bias = dlogits summed
-    over rows in fp32, u || sum_rows |dlogits| ||. When terms cancel (grad_x of one row is w_target - sum_v p_v
-    w_v; a word's dlogits across rows change sign) that is many times u ||grad||: the errors can land past twice
-    the eager run's error (which rounds once, at the end). CI drew grad_x at 7.1 unit roundoffs against the
-    eager run's 3.3 for one 1x1 row over 700 words; over 300 fresh draws of that case the largest error was 0.39
-    of the tolerance of ``assert_rounded_grad_close``, and 23 were past the old 2x-eager one. grad_bias of one row
-    drew 1.25 unit roundoffs against the old floor of one."""
-    g = grad_logits64.abs()
-    return {"x": (g @ weight.detach().double().abs()).norm().item(), "bias": g.sum(0).norm().item()}
-
-
-def assert_rounded_grad_close(got, ref64, ref_lp, rounding_size, what, floor):
-    """A half-precision gradient whose computation rounds more than the unfused run's, by at most
-    ``rounding_size`` unit roundoffs (norm-wise): the tolerance is the unfused run's error (doubled) plus twice
-    that. grad_weight accumulates chunk by chunk in weight's dtype (an fp32 accumulator would cost twice the
-    gradient's memory, see fused_linear_cross_entropy.py), so each chunk's addition rounds
-    (``chunked_rounding_size``; before, sqrt(n_chunks) unit roundoffs ignored the running sums' size: fp16 with 3
-    chunks of one row measured 1.9 unit roundoffs on the H200, over that 1.73). grad_x and grad_bias: see
-    ``rounded_logit_grads_sizes``. Structural errors (a chunk lost or counted twice, a wrong derivative) are the
-    fp32 runs' to catch: same chunking, tight tolerance. ``floor``: the fp32 checks' absolute floor for the GPU's
-    approximate exp/log, which every precision computes in (a one-word vocabulary's gradient is exactly 0 in
-    float64, and its rounding size with it, while the H200 leaves 2e-7: a tolerance of 0 is no tolerance)."""
-    if got.dtype == torch.float32:
-        return assert_fp32_close(got, ref64, floor, what)
-    err = rel_error(got, ref64)
-    ref_norm = ref64.detach().double().norm().item() or 1.0
-    tol = (2.0 * rel_error(ref_lp, ref64) + (2.0 * UNIT_ROUNDOFF[got.dtype] * rounding_size + floor) / ref_norm)
-    assert err <= tol, f"{what} ({got.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
 
 
 def check(x, weight, target, bias=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, softcap=None,

@@ -9,11 +9,11 @@ import torch
 
 import npu_liger
 import npu_liger.npu_ops._preference as core
-from checklist import DEVICE, assert_close, randn, run_opcheck
+from checklist import (DEVICE, assert_close, assert_rounded_grad_close, chunked_rounding_size, randn,
+                       rounded_logit_grads_sizes, run_opcheck)
 from op_cases import kto_reference, pair_reference
 from op_cases import preference_sequence_logps as seq_logps
 from op_cases import preference_token_logps as token_logps
-from test_fused_linear_cross_entropy import assert_rounded_grad_close, chunked_rounding_size, rounded_logit_grads_sizes
 
 N_PAIRS, T, H, V = 3, 5, 8, 13
 
