@@ -9,8 +9,8 @@ import torch
 
 import npu_liger
 import npu_liger.npu_ops._preference as core
-from checklist import (DEVICE, assert_close, assert_rounded_grad_close, chunked_rounding_size, randn,
-                       rounded_logit_grads_sizes, run_opcheck)
+from checklist import (DEVICE, RecordedEmptyShapes, assert_close, assert_rounded_grad_close, chunked_rounding_size,
+                       randn, rounded_logit_grads_sizes, run_opcheck)
 from op_cases import kto_reference, pair_reference
 from op_cases import preference_sequence_logps as seq_logps
 from op_cases import preference_token_logps as token_logps
@@ -162,23 +162,13 @@ def test_opcheck_and_compile_without_recompiles():
             assert_close(got.grad, r.grad, what="compiled gradient")
 
 
-def test_chunk_memory_and_no_reference_gradient(monkeypatch):
+def test_chunk_memory_and_no_reference_gradient():
     x, w, target, b = make()
     e = extras(x, target)
     rx, rw, _ = e["ref_model"]
     rx.requires_grad_(True)
-    shapes = []
-    real_empty = torch.empty
-
-    def recording_empty(*args, **kwargs):
-        out = real_empty(*args, **kwargs)
-        shapes.append(tuple(out.shape))
-        return out
-
-    monkeypatch.setattr(core.torch, "empty", recording_empty)
-    with chunks_of(10):
+    with chunks_of(10), RecordedEmptyShapes(core) as shapes:
         out = npu_liger.fused_linear_dpo(x.requires_grad_(True), w, target, None, rx, rw)
-    monkeypatch.undo()
     assert (10, V) in shapes and (2 * N_PAIRS * T, V) not in shapes  # one pair (2 x 5 rows) per chunk
     out[0].backward()
     assert x.grad is not None and rx.grad is None

@@ -36,6 +36,12 @@ def _check_chunk_size(chunk_size) -> None:
         raise ValueError(f"chunk_size must be a positive int (accepted and ignored), got {chunk_size!r}")
 
 
+def _keep(module: nn.Module, **options) -> None:
+    """The constructor's options as attributes of the same names (what forward and repr read)."""
+    for name, value in options.items():
+        setattr(module, name, value)
+
+
 def _split(outputs) -> tuple:
     return outputs[0], tuple(outputs[1:])
 
@@ -59,17 +65,9 @@ class FusedLinearDPOLoss(nn.Module):
         _check_flags(compute_nll_loss=compute_nll_loss, compiled=compiled, use_ref_model=use_ref_model,
                      average_log_prob=average_log_prob)
         _check_chunk_size(chunk_size)
-        self.ignore_index = ignore_index
-        self.beta = beta
-        self.alpha = alpha
-        self.compute_nll_loss = compute_nll_loss
-        self.compiled = compiled
-        self.use_ref_model = use_ref_model
-        self.average_log_prob = average_log_prob
-        self.chunk_size = chunk_size
-        self.loss_type = loss_type
-        self.label_smoothing = label_smoothing
-        self.discopop_tau = discopop_tau
+        _keep(self, ignore_index=ignore_index, beta=beta, alpha=alpha, compute_nll_loss=compute_nll_loss,
+              compiled=compiled, use_ref_model=use_ref_model, average_log_prob=average_log_prob, chunk_size=chunk_size,
+              loss_type=loss_type, label_smoothing=label_smoothing, discopop_tau=discopop_tau)
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor] = None, ref_input: Optional[torch.Tensor] = None,
@@ -100,11 +98,8 @@ class FusedLinearORPOLoss(nn.Module):
         super().__init__()
         _check_flags(compute_nll_loss=compute_nll_loss, compiled=compiled)
         _check_chunk_size(chunk_size)
-        self.ignore_index = ignore_index
-        self.beta = beta
-        self.compute_nll_loss = compute_nll_loss
-        self.compiled = compiled
-        self.chunk_size = chunk_size
+        _keep(self, ignore_index=ignore_index, beta=beta, compute_nll_loss=compute_nll_loss, compiled=compiled,
+              chunk_size=chunk_size)
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor] = None, nll_target: Optional[torch.Tensor] = None):
@@ -129,14 +124,8 @@ class FusedLinearSimPOLoss(nn.Module):
         super().__init__()
         _check_flags(compute_nll_loss=compute_nll_loss, compiled=compiled)
         _check_chunk_size(chunk_size)
-        self.ignore_index = ignore_index
-        self.beta = beta
-        self.alpha = alpha
-        self.label_smoothing = label_smoothing
-        self.compute_nll_loss = compute_nll_loss
-        self.compiled = compiled
-        self.gamma = gamma
-        self.chunk_size = chunk_size
+        _keep(self, ignore_index=ignore_index, beta=beta, alpha=alpha, label_smoothing=label_smoothing,
+              compute_nll_loss=compute_nll_loss, compiled=compiled, gamma=gamma, chunk_size=chunk_size)
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor] = None):
@@ -160,14 +149,9 @@ class FusedLinearCPOLoss(nn.Module):
         super().__init__()
         _check_flags(compute_nll_loss=compute_nll_loss, compiled=compiled, average_log_prob=average_log_prob)
         _check_chunk_size(chunk_size)
-        self.ignore_index = ignore_index
-        self.beta = beta
-        self.alpha = alpha
-        self.label_smoothing = label_smoothing
-        self.compute_nll_loss = compute_nll_loss
-        self.compiled = compiled
-        self.average_log_prob = average_log_prob
-        self.chunk_size = chunk_size
+        _keep(self, ignore_index=ignore_index, beta=beta, alpha=alpha, label_smoothing=label_smoothing,
+              compute_nll_loss=compute_nll_loss, compiled=compiled, average_log_prob=average_log_prob,
+              chunk_size=chunk_size)
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor] = None):
@@ -192,12 +176,8 @@ class FusedLinearKTOLoss(nn.Module):
         super().__init__()
         _check_flags(compiled=compiled, use_ref_model=use_ref_model, average_log_prob=average_log_prob)
         _check_chunk_size(chunk_size)
-        self.ignore_index = ignore_index
-        self.beta = beta
-        self.compiled = compiled
-        self.use_ref_model = use_ref_model
-        self.average_log_prob = average_log_prob
-        self.chunk_size = chunk_size
+        _keep(self, ignore_index=ignore_index, beta=beta, compiled=compiled, use_ref_model=use_ref_model,
+              average_log_prob=average_log_prob, chunk_size=chunk_size)
 
     def forward(self, _input: torch.Tensor, lin_weight: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor] = None, preference_labels: Optional[torch.Tensor] = None,
