@@ -101,33 +101,13 @@ def _liger_pairs():
             (nl.FusedLinearCPOLoss(), ck.LigerFusedLinearCPOLoss(compiled=False), False)]
 
 
-def test_equal_to_liger_paired():
-    for ours, theirs, ref in _liger_pairs():
-        x, w, y, b, extra = _inputs(ref=ref)
-        xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
-        xl, wl, bl = (t.clone().requires_grad_() for t in (x, w, b))
-        a, b_ = ours(ws, xs, y, bs, *extra), theirs(wl, xl, y, bl, *extra)
-        # fp32 both sides, the same formulas summed in a different chunk order: a few ulps of fp32.
-        torch.testing.assert_close(a[0], b_[0], rtol=1e-5, atol=1e-5)
-        for got, want in zip(a[1], b_[1]):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        a[0].backward()
-        b_[0].backward()
-        # Gradients: the same fp32 formulas, chunk sums in another order; a few ulps, relative to their size.
-        for got, want in ((xs.grad, xl.grad), (ws.grad, wl.grad), (bs.grad, bl.grad)):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-
-
-def test_equal_to_liger_kto():
-    ck = pytest.importorskip("liger_kernel.chunked_loss")
-    x, w, y, b, (rx, rw, _) = _inputs(ref=True)
-    labels = torch.tensor([True, False, True, False])
-    kl = torch.tensor(0.05)
+def _assert_same_as_liger(ours, theirs, x, w, b):
+    """``ours(x, w, b)`` and ``theirs(x, w, b)`` (each ``(loss, metrics)``) on copies of the same leaves: loss,
+    metrics and the gradients of input, weight and bias."""
     xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
     xl, wl, bl = (t.clone().requires_grad_() for t in (x, w, b))
-    a = nl.FusedLinearKTOLoss(use_ref_model=True)(xs, ws, y, bs, labels, rx, rw, None, kl)
-    b_ = ck.LigerFusedLinearKTOLoss(use_ref_model=True, compiled=False)(xl, wl, y, bl, labels, rx, rw, None, kl)
-    # fp32 both sides, sums in a different order: a few ulps.
+    a, b_ = ours(xs, ws, bs), theirs(xl, wl, bl)
+    # fp32 both sides, the same formulas summed in a different chunk order: a few ulps of fp32.
     torch.testing.assert_close(a[0], b_[0], rtol=1e-5, atol=1e-5)
     for got, want in zip(a[1], b_[1]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -136,3 +116,21 @@ def test_equal_to_liger_kto():
     # Gradients: the same fp32 formulas, chunk sums in another order; a few ulps, relative to their size.
     for got, want in ((xs.grad, xl.grad), (ws.grad, wl.grad), (bs.grad, bl.grad)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_equal_to_liger_paired():
+    for ours, theirs, ref in _liger_pairs():
+        x, w, y, b, extra = _inputs(ref=ref)
+        _assert_same_as_liger(lambda xi, wi, bi, m=ours: m(wi, xi, y, bi, *extra),
+                              lambda xi, wi, bi, m=theirs: m(wi, xi, y, bi, *extra), x, w, b)
+
+
+def test_equal_to_liger_kto():
+    ck = pytest.importorskip("liger_kernel.chunked_loss")
+    x, w, y, b, (rx, rw, _) = _inputs(ref=True)
+    labels = torch.tensor([True, False, True, False])
+    kl = torch.tensor(0.05)
+    ours = nl.FusedLinearKTOLoss(use_ref_model=True)
+    theirs = ck.LigerFusedLinearKTOLoss(use_ref_model=True, compiled=False)
+    _assert_same_as_liger(lambda xi, wi, bi: ours(xi, wi, y, bi, labels, rx, rw, None, kl),
+                          lambda xi, wi, bi: theirs(xi, wi, y, bi, labels, rx, rw, None, kl), x, w, b)
