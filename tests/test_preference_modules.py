@@ -11,13 +11,14 @@ from npu_liger import nn as nl
 N, T, H, V = 4, 6, 8, 16
 
 
-def _inputs(dtype=torch.float32, ref=False):
-    x = torch.randn(N, T, H, dtype=dtype)
-    w = torch.randn(V, H, dtype=dtype) * 0.3
-    b = torch.randn(V, dtype=dtype) * 0.1
-    y = torch.randint(0, V, (N, T))
+def _inputs(device, dtype=torch.float32, ref=False):
+    x = torch.randn(N, T, H, dtype=dtype, device=device)
+    w = torch.randn(V, H, dtype=dtype, device=device) * 0.3
+    b = torch.randn(V, dtype=dtype, device=device) * 0.1
+    y = torch.randint(0, V, (N, T), device=device)
     y[:, 0] = -100
-    extra = (torch.randn(N, T, H, dtype=dtype), torch.randn(V, H, dtype=dtype) * 0.3, None) if ref else ()
+    extra = (torch.randn(N, T, H, dtype=dtype, device=device), torch.randn(V, H, dtype=dtype, device=device) * 0.3,
+             None) if ref else ()
     return x, w, y, b, extra
 
 
@@ -29,8 +30,8 @@ def _same(a, b):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_dpo_module_equals_op():
-    x, w, y, b, (rx, rw, _) = _inputs(ref=True)
+def test_dpo_module_equals_op(device):
+    x, w, y, b, (rx, rw, _) = _inputs(device, ref=True)
     m = nl.FusedLinearDPOLoss(beta=0.2, alpha=0.5, compute_nll_loss=True, label_smoothing=0.1, average_log_prob=True)
     _same(m(w, x, y, b, rx, rw), npu_liger.fused_linear_dpo(x, w, y, b, rx, rw, None, None, None, -100, 0.2, 0.1,
                                                             True, 0.5, True))
@@ -38,8 +39,8 @@ def test_dpo_module_equals_op():
     _same(off(w, x, y, b, rx, rw), npu_liger.fused_linear_dpo(x, w, y, b))
 
 
-def test_orpo_simpo_cpo_modules_equal_ops():
-    x, w, y, b, _ = _inputs()
+def test_orpo_simpo_cpo_modules_equal_ops(device):
+    x, w, y, b, _ = _inputs(device)
     _same(nl.FusedLinearORPOLoss(beta=0.3, compute_nll_loss=False)(w, x, y, b),
           npu_liger.fused_linear_orpo(x, w, y, b, -100, 0.3, False))
     _same(nl.FusedLinearSimPOLoss(beta=0.3, alpha=0.7, label_smoothing=0.1, gamma=0.2)(w, x, y, b),
@@ -48,10 +49,10 @@ def test_orpo_simpo_cpo_modules_equal_ops():
           npu_liger.fused_linear_cpo(x, w, y, b, -100, 0.3, 0.7, 0.0, True, True))
 
 
-def test_kto_module_equals_op():
-    x, w, y, b, (rx, rw, _) = _inputs(ref=True)
-    labels = torch.tensor([True, False, True, False])
-    kl = torch.tensor(0.05)
+def test_kto_module_equals_op(device):
+    x, w, y, b, (rx, rw, _) = _inputs(device, ref=True)
+    labels = torch.tensor([True, False, True, False], device=device)
+    kl = torch.tensor(0.05, device=device)
     m = nl.FusedLinearKTOLoss(beta=0.2, use_ref_model=True)
     _same(m(x, w, y, b, labels, rx, rw, None, kl),
           npu_liger.fused_linear_kto(x, w, y, labels, b, rx, rw, None, None, kl, -100, 0.2))
@@ -59,8 +60,8 @@ def test_kto_module_equals_op():
           npu_liger.fused_linear_kto(x, w, y, labels, b))
 
 
-def test_gradient_flows_through_module():
-    x, w, y, b, _ = _inputs()
+def test_gradient_flows_through_module(device):
+    x, w, y, b, _ = _inputs(device)
     x.requires_grad_()
     w.requires_grad_()
     nl.FusedLinearSimPOLoss()(w, x, y, b)[0].backward()
@@ -78,12 +79,12 @@ def test_no_parameters_and_ignored_arguments(cls):
         cls(chunk_size=0)
 
 
-def test_clear_errors():
+def test_clear_errors(device):
     with pytest.raises(ValueError, match="loss_type"):
         nl.FusedLinearDPOLoss(loss_type="hinge")
     with pytest.raises(TypeError, match="use_ref_model"):
         nl.FusedLinearDPOLoss(use_ref_model="yes")
-    x, w, y, b, (rx, rw, _) = _inputs(ref=True)
+    x, w, y, b, (rx, rw, _) = _inputs(device, ref=True)
     with pytest.raises(ValueError, match="ref_weight"):
         nl.FusedLinearDPOLoss()(w, x, y, b, rx)
     with pytest.raises(ValueError, match="nll_target"):
@@ -118,18 +119,18 @@ def _assert_same_as_liger(ours, theirs, x, w, b):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_equal_to_liger_paired():
+def test_equal_to_liger_paired(device):
     for ours, theirs, ref in _liger_pairs():
-        x, w, y, b, extra = _inputs(ref=ref)
+        x, w, y, b, extra = _inputs(device, ref=ref)
         _assert_same_as_liger(lambda xi, wi, bi, m=ours: m(wi, xi, y, bi, *extra),
                               lambda xi, wi, bi, m=theirs: m(wi, xi, y, bi, *extra), x, w, b)
 
 
-def test_equal_to_liger_kto():
+def test_equal_to_liger_kto(device):
     ck = pytest.importorskip("liger_kernel.chunked_loss")
-    x, w, y, b, (rx, rw, _) = _inputs(ref=True)
-    labels = torch.tensor([True, False, True, False])
-    kl = torch.tensor(0.05)
+    x, w, y, b, (rx, rw, _) = _inputs(device, ref=True)
+    labels = torch.tensor([True, False, True, False], device=device)
+    kl = torch.tensor(0.05, device=device)
     ours = nl.FusedLinearKTOLoss(use_ref_model=True)
     theirs = ck.LigerFusedLinearKTOLoss(use_ref_model=True, compiled=False)
     _assert_same_as_liger(lambda xi, wi, bi: ours(xi, wi, y, bi, labels, rx, rw, None, kl),

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._moe_kernels import _fused_moe_mm_kernel, _fused_moe_wgrad_kernel
+from ._moe_kernels import (ZERO_EMPTY_MEMORY_MULTIPLIER, _fused_moe_mm_kernel, _fused_moe_wgrad_kernel,
+                           _fused_moe_zero_empty_kernel)
 from ._triton import cdiv, flat_plan, interpreter_enabled
 
 GROUPED_MM_ENV = "NPU_LIGER_MOE_GROUPED_MM"
@@ -125,13 +126,36 @@ def grouped_linear(a: torch.Tensor, w: torch.Tensor, routing, out_dtype=None) ->
     return c
 
 
+# Chunks per expert slab in ``zero_experts_without_rows``: enough programs to zero an empty expert's slab
+# quickly, few enough that the check of every expert's row count costs next to nothing.
+ZERO_EMPTY_CHUNKS = 16
+
+
+def zero_experts_without_rows(c: torch.Tensor, routing) -> torch.Tensor:
+    """``c[e] = 0`` in place for every expert without rows, read from ``routing.bounds`` on the device (no host
+    synchronisation); returns c (contiguous, as torch's grouped matmul returns it). Only those slabs are written: a
+    ``torch.where`` over c would read and write every expert's gradient once more."""
+    assert c.is_contiguous(), "zero_experts_without_rows writes c as (E, slab) rows"
+    experts = c.shape[0]
+    slab = c[0].numel() if experts else 0
+    if slab == 0:
+        return c
+    plan = flat_plan(c.device.type, slab, ZERO_EMPTY_MEMORY_MULTIPLIER)
+    chunk = cdiv(cdiv(slab, ZERO_EMPTY_CHUNKS), plan.block) * plan.block
+    n_chunks = cdiv(slab, chunk)
+    n_tasks = experts * n_chunks
+    _fused_moe_zero_empty_kernel[(plan.grid(n_tasks),)](c, routing.bounds, n_tasks, n_chunks, slab, chunk,
+                                                        BLOCK=plan.block, **plan.launch_options())
+    return c
+
+
 def grouped_weight_grad(a: torch.Tensor, b: torch.Tensor, routing) -> torch.Tensor:
     """``c[e] = a[rows of e].T @ b[rows of e]`` (module docstring), in a's dtype."""
     n_a, n_b, experts = a.shape[1], b.shape[1], routing.num_experts
     if torch_grouped_mm_applies(a.t(), b) and a.shape[0] > 0:
         c = torch._grouped_mm(a.t(), b, offs=routing.group_ends_i32())
         # an expert without rows: torch documents no value for its (K = 0) product, the contract says zeros
-        return torch.where(routing.has_rows()[:, None, None], c, torch.zeros((), dtype=c.dtype, device=c.device))
+        return zero_experts_without_rows(c, routing)
     c = torch.empty((experts, n_a, n_b), dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c

@@ -18,6 +18,8 @@ Memory analysis of the vector kernels (UB tiles, fp32 values of 4 bytes, Ascend9
   row accumulators (1 / BLOCK_I per element) -> 11.0 (3574 -> 2048 elements).
 - ``_fused_moe_combine_kernel``, a (BLOCK_T tokens x BLOCK_C columns) tile: the fp32 accumulator, the gathered row
   (fp32), its int64 address (2 units), masks -> 6.0 (6553 -> 4096 elements).
+- ``_fused_moe_zero_empty_kernel``, a BLOCK-element tile of zeros stored into an expert's weight gradient: the
+  zeros (<= 4 B), their int64 address (2 units) and the mask -> 4.0 (like the gather).
 The grouped matmuls (``_fused_moe_mm_kernel``, ``_fused_moe_wgrad_kernel``) have fixed tiles (``MM_TILES`` in
 ``_grouped_mm.py``): their operands go through the cube unit's buffers (UPCAST: the Triton interpreter's dot
 reads half-precision operands as garbage, so on CPU they are upcast to fp32 first; compiled backends multiply
@@ -35,6 +37,7 @@ GATHER_MEMORY_MULTIPLIER = 4.0
 SWIGLU_FWD_MEMORY_MULTIPLIER = 5.0
 SWIGLU_BWD_MEMORY_MULTIPLIER = 11.0
 COMBINE_MEMORY_MULTIPLIER = 6.0
+ZERO_EMPTY_MEMORY_MULTIPLIER = 4.0
 
 
 @launched_kernel(do_not_specialize=["n_rows", "n_tasks"])
@@ -213,3 +216,18 @@ def _fused_moe_wgrad_kernel(a_ptr, b_ptr, c_ptr, bounds_ptr, n_tasks, n_n_blocks
                 acc += tl.dot(tl.trans(a), b, input_precision=DOT_PRECISION)
         tl.store(c_ptr + expert * stride_ce + ns[:, None] * stride_cn + ms[None, :] * stride_cm,
                  acc.to(c_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
+@launched_kernel(do_not_specialize=["n_tasks"])
+def _fused_moe_zero_empty_kernel(c_ptr, bounds_ptr, n_tasks, n_chunks, slab, chunk, BLOCK: tl.constexpr):
+    """``c[e] = 0`` for every expert e without rows (``bounds[e] == bounds[e + 1]``); the other experts' slabs are
+    not touched, so when every expert has rows a task costs two index loads. c is (E, slab) contiguous; task =
+    (expert, chunk of ``chunk`` elements of its slab)."""
+    for task in tl.range(program_start(1), n_tasks, grid_stride(1)):
+        expert = task // n_chunks
+        if tl.load(bounds_ptr + expert) == tl.load(bounds_ptr + expert + 1):
+            start = expert * slab + (task % n_chunks) * chunk
+            end = tl.minimum(start + chunk, (expert + 1) * slab)
+            for offset in tl.range(start, end, BLOCK):
+                idx = offset + tl.arange(0, BLOCK).to(tl.int64)
+                tl.store(c_ptr + idx, tl.zeros((BLOCK,), dtype=c_ptr.dtype.element_ty), mask=idx < end)

@@ -145,14 +145,10 @@ class Routing:
         self.tile_expert = torch.searchsorted(tile_end, j, right=True)
         expert = self.tile_expert.clamp(max=num_experts - 1)
         self.tile_row = self.bounds[expert] + (j - (tile_end[expert] - tiles_per_expert[expert])) * tiles.block_m
-        self._counts = counts
 
     def group_ends_i32(self) -> torch.Tensor:
         """The (E,) cumulative row ends, int32: ``torch._grouped_mm``'s ``offs``."""
         return self.bounds[1:].to(torch.int32)
-
-    def has_rows(self) -> torch.Tensor:
-        return self._counts > 0
 
     def valid_slots(self) -> torch.Tensor:
         return self.keys < self.num_experts
@@ -279,11 +275,14 @@ def fused_moe_backward(grad_out: torch.Tensor, x: torch.Tensor, gate_up_proj: to
     def empty():
         return torch.empty((0,), dtype=x.dtype, device=x.device)
 
+    # Each (T*K, ...) buffer is released as soon as its last product is done: the backward's peak is at most
+    # h, grad_h and one (T*K, H) buffer beside the gradients themselves.
     grad_gate_up, grad_down = empty(), empty()
     if grad_experts:
         grad_down = grouped_weight_grad(grad_rows, weighted_act, routing)
-        grad_gate_up = grouped_weight_grad(grad_h, gather_rows(x, routing), routing)
     del grad_rows, weighted_act
+    if grad_experts:
+        grad_gate_up = grouped_weight_grad(grad_h, gather_rows(x, routing), routing)
     gx = empty()
     if grad_x:
         gx = combine(grouped_linear(grad_h, gate_up_proj.transpose(1, 2), routing), routing, None, x.dtype)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import operator
 import re
 import warnings
 from typing import Callable, NamedTuple, Optional, Tuple
@@ -88,12 +87,13 @@ _NOT_FORWARDED = {"self", "labels", "logits_to_keep", "kwargs"}
 class _RouterLoss(NamedTuple):
     """An MoE causal LM's auxiliary loss, as its forward computes it: ``aux = loss_fn(outputs.router_logits,
     experts(self), top_k(self), attention_mask)`` when ``output_router_logits`` (else ``default(self)``), and
-    ``loss += coef(self) * aux``."""
+    ``loss += coef(self) * aux``. ``default`` None: the forward reads the flag from its ``**kwargs`` only
+    (``kwargs.get("output_router_logits", False)``, Qwen3-VL-MoE on transformers 5.17), and so does the patch."""
     loss_fn: Callable
     experts: Callable
     top_k: Callable
     coef: Callable
-    default: Callable
+    default: Optional[Callable]
 
 
 class _Plan:
@@ -108,9 +108,22 @@ class _Plan:
 # The router's auxiliary loss in an MoE forward (whitespace removed): the attributes it reads are captured.
 _ROUTER_DEFAULT = re.compile(r"output_router_logits=\(?output_router_logitsifoutput_router_logitsisnotNone"
                              r"elseself\.((?:\w+\.)*output_router_logits)")
-_ROUTER_CALL = re.compile(r"ifoutput_router_logits:aux_loss=load_balancing_loss_func\(outputs\.router_logits,"
+_ROUTER_CALL = re.compile(r"if(output_router_logits|kwargs\.get\([\"']output_router_logits[\"'],False\)):"
+                          r"aux_loss=load_balancing_loss_func\(outputs\.router_logits,"
                           r"self\.([\w.]+),self\.([\w.]+),attention_mask,?\)iflabelsisnotNone:"
                           r"loss\+=self\.([\w.]+)\*aux_loss\.to\(loss\.device\)")
+
+
+def _attribute_path(path: str) -> Callable:
+    """``obj.a.b`` for the dotted ``path`` "a.b", as a plain function: torch.compile traces getattr, and breaks
+    the graph at ``operator.attrgetter`` (measured on torch 2.11 and 2.13)."""
+    names = path.split(".")
+
+    def read(obj):
+        for name in names:
+            obj = getattr(obj, name)
+        return obj
+    return read
 
 
 def _router_loss(forward, source: str, missing: list) -> Optional[_RouterLoss]:
@@ -120,11 +133,12 @@ def _router_loss(forward, source: str, missing: list) -> Optional[_RouterLoss]:
         return None
     default, call = _ROUTER_DEFAULT.search(source), _ROUTER_CALL.search(source)
     loss_fn = getattr(inspect.getmodule(forward), "load_balancing_loss_func", None)
-    if default is None or call is None or loss_fn is None or "aux_loss=aux_loss" not in source:
+    from_kwargs = call is not None and call.group(1) != "output_router_logits"
+    if (default is None and not from_kwargs) or call is None or loss_fn is None or "aux_loss=aux_loss" not in source:
         missing.append("the router auxiliary loss in the form npu_liger knows")
         return None
-    experts, top_k, coef = (operator.attrgetter(path) for path in call.groups())
-    return _RouterLoss(loss_fn, experts, top_k, coef, operator.attrgetter(default.group(1)))
+    experts, top_k, coef = (_attribute_path(path) for path in call.groups()[1:])
+    return _RouterLoss(loss_fn, experts, top_k, coef, None if from_kwargs else _attribute_path(default.group(1)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -269,7 +283,7 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     if not self.config.return_dict:  # the inner model would return a tuple too; its fields are wanted by name
         model_kwargs["return_dict"] = True
     router = plan.router
-    if router is not None:  # the original's rule: the call's flag, else the config's
+    if router is not None and router.default is not None:  # the original's rule: the call's flag, else the config's
         if model_kwargs.get("output_router_logits") is None:
             model_kwargs["output_router_logits"] = router.default(self)
     outputs = self.model(input_ids=input_ids, **model_kwargs)
@@ -281,7 +295,7 @@ def _causal_lm_forward(self, input_ids=None, *args, skip_logits: Optional[bool] 
     rest = {f: getattr(outputs, f, None) for f in plan.fields}
     if router is not None:
         aux_loss = None
-        if model_kwargs["output_router_logits"]:
+        if model_kwargs.get("output_router_logits", False):
             aux_loss = router.loss_fn(outputs.router_logits, router.experts(self), router.top_k(self),
                                       kwargs.get("attention_mask"))
             loss = loss + router.coef(self) * aux_loss.to(loss.device)

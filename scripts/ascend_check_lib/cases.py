@@ -272,6 +272,17 @@ def _moe(tokens, hidden, experts, top_k, inter, index_dtype):
     return build
 
 
+def _moe_zero_empty(moe):
+    """The zero fill of the weight gradients of experts without rows (after torch's grouped matmul, a CUDA path;
+    compiled here for every chip like every kernel): the case's index puts every slot on expert 0."""
+    from npu_liger.npu_ops._grouped_mm import tiles_for, zero_experts_without_rows
+
+    def zero_empty(gate_up_proj, top_k_index):
+        routing = moe.Routing(top_k_index, gate_up_proj.shape[0], tiles_for("npu"))
+        zero_experts_without_rows(gate_up_proj, routing)
+    return zero_empty
+
+
 _RMS_CALLS = [Call("fwd", "rms_norm_forward"), Call("bwd", "rms_norm_backward"),
               Call("fused-fwd", "fused_add_rms_norm_forward"), Call("fused-bwd", "fused_add_rms_norm_backward")]
 
@@ -333,7 +344,9 @@ OPS: List[Op] = [
     # Qwen3-MoE-like (Qwen3-30B-A3B: H 2048, 128 experts of I 768; here E 64), odd small, top-1
     Op("fused_moe", [Problem("T8192 H2048 E64 K8 I768", _moe(8192, 2048, 64, 8, 768, torch.int64), bench=True),
                      Problem("T7 H129 E3 K2 I33 i32", _moe(7, 129, 3, 2, 33, torch.int32)),
-                     Problem("T5 H64 E4 K1 I16", _moe(5, 64, 4, 1, 16, torch.int64))]),
+                     Problem("T5 H64 E4 K1 I16", _moe(5, 64, 4, 1, 16, torch.int64))],
+       [Call("fwd", "fused_moe_forward"), Call("bwd", "fused_moe_backward"),
+        Call("zero-empty", "fused_moe_forward", adapter=_moe_zero_empty)]),
     Op("layer_norm", [Problem("8192x4096", _norm(8192, 4096), bench=True), Problem("16384x8192", _norm(16384, 8192)),
                       Problem("1280x1280 no bias", _norm(1280, 1280, bias=False)),
                       Problem("7x131 no affine", _norm(7, 131, weight=False, bias=False))]),
