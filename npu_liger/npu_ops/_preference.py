@@ -35,7 +35,7 @@ from typing import Callable, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._chunked import chunk_rows
+from ._chunked import check_linear_head, check_second_head, chunk_rows
 from ._cross_entropy_rows import launch_rows
 from ._loss import TARGET_DTYPES, LossOptions, target_scale
 from ._triton import check_float_tensor
@@ -53,27 +53,6 @@ class TokenLogps(NamedTuple):
     grad_input: torch.Tensor
     grad_weight: torch.Tensor
     grad_bias: torch.Tensor
-
-
-def _check_linear(prefix: str, input, weight, bias) -> None:
-    names = (f"{prefix}input", f"{prefix}weight", f"{prefix}bias")
-    check_float_tensor(names[0], input)
-    check_float_tensor(names[1], weight)
-    if input.dim() != 3:
-        raise ValueError(f"{names[0]} must be 3-D (N, T, H), got shape {tuple(input.shape)}")
-    if weight.dim() != 2 or weight.shape[1] != input.shape[2]:
-        raise ValueError(f"{names[1]} must have shape (V, H) with H = {input.shape[2]} to match {names[0]}, "
-                         f"got {tuple(weight.shape)}")
-    for name, t in ((names[1], weight), (names[2], bias)):
-        if t is None:
-            continue
-        check_float_tensor(name, t)
-        if t.dtype != input.dtype:
-            raise TypeError(f"{name} must have the dtype of {names[0]} ({input.dtype}), got {t.dtype}")
-        if t.device != input.device:
-            raise RuntimeError(f"{name} must be on the device of {names[0]} ({input.device}), got {t.device}")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"{names[2]} must have shape (V,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
 
 
 def check_per_row(name: str, t: Optional[torch.Tensor], shape, input: torch.Tensor, kind: str = "float") -> None:
@@ -99,7 +78,8 @@ def check_beta(name: str, value: float) -> None:
 def check_linear_inputs(input, weight, target, bias, ref_input, ref_weight, ref_bias, paired: bool) -> None:
     """The policy's (N, T, H) input, (V, H) weight, (V,) bias, the (N, T) targets and, if given, the reference
     model's input (N, T, H'), weight (V, H') and bias (V,) (both or neither of input and weight)."""
-    _check_linear("", input, weight, bias)
+    policy, reference = ("input", "weight", "bias"), ("ref_input", "ref_weight", "ref_bias")
+    check_linear_head(policy, input, weight, bias, ("N", "T", "H"))
     if not isinstance(target, torch.Tensor) or target.dtype not in TARGET_DTYPES:
         raise TypeError(f"target must be an int32 or int64 tensor, got {getattr(target, 'dtype', type(target))}")
     if tuple(target.shape) != tuple(input.shape[:2]):
@@ -111,15 +91,8 @@ def check_linear_inputs(input, weight, target, bias, ref_input, ref_weight, ref_
     if (ref_input is None) != (ref_weight is None) or (ref_bias is not None and ref_weight is None):
         raise ValueError("ref_input and ref_weight go together (and ref_bias needs them)")
     if ref_input is not None:
-        _check_linear("ref_", ref_input, ref_weight, ref_bias)
-        if tuple(ref_input.shape[:2]) != tuple(input.shape[:2]):
-            raise ValueError(f"ref_input must have the (N, T) of input {tuple(input.shape[:2])}, "
-                             f"got {tuple(ref_input.shape[:2])}")
-        if ref_weight.shape[0] != weight.shape[0]:
-            raise ValueError(f"ref_weight must have the vocabulary of weight ({weight.shape[0]}), "
-                             f"got {ref_weight.shape[0]}")
-        if ref_input.device != input.device:
-            raise RuntimeError(f"ref_input must be on the device of input ({input.device}), got {ref_input.device}")
+        check_linear_head(reference, ref_input, ref_weight, ref_bias, ("N", "T", "H"))
+        check_second_head(reference, ref_input, ref_weight, policy, input, weight, "(N, T)")
 
 
 def _project(x_rows, weight, bias, out):

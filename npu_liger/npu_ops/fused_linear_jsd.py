@@ -26,24 +26,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._chunked import chunk_rows
+from ._chunked import check_linear_head, check_second_head, chunk_rows
 from ._divergence import check_beta, check_labels, launch_jsd_rows, valid_row_scale
-from ._triton import check_float_tensor, new_like
-
-
-def _check_linear(input_name, input, weight_name, weight):
-    check_float_tensor(input_name, input)
-    check_float_tensor(weight_name, weight)
-    if input.dim() != 2:
-        raise ValueError(f"{input_name} must be 2-D (BT, H), got shape {tuple(input.shape)}")
-    if weight.dim() != 2 or weight.shape[1] != input.shape[1]:
-        raise ValueError(f"{weight_name} must have shape (V, H) with H = {input.shape[1]} to match {input_name}, "
-                         f"got {tuple(weight.shape)}")
-    if weight.dtype != input.dtype:
-        raise TypeError(f"{weight_name} must have the dtype of {input_name} ({input.dtype}), got {weight.dtype}")
-    if weight.device != input.device:
-        raise RuntimeError(f"{weight_name} must be on the device of {input_name} ({input.device}), "
-                           f"got {weight.device}")
+from ._triton import new_like
 
 
 def check_fused_linear_jsd_options(jsd_beta: float, temperature: float) -> None:
@@ -54,17 +39,10 @@ def check_fused_linear_jsd_options(jsd_beta: float, temperature: float) -> None:
 
 def check_fused_linear_jsd_inputs(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
                                   jsd_beta, ignore_index, temperature) -> None:
-    _check_linear("student_input", student_input, "student_weight", student_weight)
-    _check_linear("teacher_input", teacher_input, "teacher_weight", teacher_weight)
-    if teacher_input.shape[0] != student_input.shape[0]:
-        raise ValueError(f"teacher_input must have the rows of student_input ({student_input.shape[0]}), "
-                         f"got {teacher_input.shape[0]}")
-    if teacher_weight.shape[0] != student_weight.shape[0]:
-        raise ValueError(f"teacher_weight must have the vocabulary of student_weight ({student_weight.shape[0]}), "
-                         f"got {teacher_weight.shape[0]}")
-    if teacher_input.device != student_input.device:
-        raise RuntimeError(f"teacher_input must be on the device of student_input ({student_input.device}), "
-                           f"got {teacher_input.device}")
+    student, teacher = ("student_input", "student_weight", ""), ("teacher_input", "teacher_weight", "")
+    check_linear_head(student, student_input, student_weight)
+    check_linear_head(teacher, teacher_input, teacher_weight)
+    check_second_head(teacher, teacher_input, teacher_weight, student, student_input, student_weight, "rows")
     check_fused_linear_jsd_options(jsd_beta, temperature)
     check_labels(shift_labels, student_input.shape[0], "student_input", student_input, ignore_index)
 
