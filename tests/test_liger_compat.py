@@ -315,9 +315,10 @@ def test_chunked_loss_names_switch_by_import():
     from npu_liger import chunked_loss as ck
     from npu_liger import nn as nl
     assert ck.LigerFusedLinearDPOLoss is nl.FusedLinearDPOLoss and ck.LigerFusedLinearKTOLoss is nl.FusedLinearKTOLoss
+    assert ck.LigerFusedLinearGRPOLoss is nl.FusedLinearGRPOLoss
     assert sorted(ck.__all__) == sorted(f"Liger{n}" for n in ("FusedLinearCPOLoss", "FusedLinearDPOLoss",
-                                                              "FusedLinearKTOLoss", "FusedLinearORPOLoss",
-                                                              "FusedLinearSimPOLoss"))
+                                                              "FusedLinearGRPOLoss", "FusedLinearKTOLoss",
+                                                              "FusedLinearORPOLoss", "FusedLinearSimPOLoss"))
     x, w, y = torch.randn(4, 5, 8), torch.randn(16, 8) * 0.3, torch.randint(0, 16, (4, 5))
     loss, metrics = ck.LigerFusedLinearDPOLoss(ignore_index=-100, beta=0.1, compute_nll_loss=True, compiled=True,
                                                use_ref_model=False, chunk_size=1)(w, x, y)

@@ -11,14 +11,14 @@ from .kl_div import KLDivLoss
 from .moe import Experts
 from .norm import LayerNorm, RMSNorm
 from .poly_norm import PolyNorm
-from .preference import FusedLinearCPOLoss, FusedLinearDPOLoss, FusedLinearKTOLoss, FusedLinearORPOLoss, \
-    FusedLinearSimPOLoss
+from .preference import FusedLinearCPOLoss, FusedLinearDPOLoss, FusedLinearGRPOLoss, FusedLinearKTOLoss, \
+    FusedLinearORPOLoss, FusedLinearSimPOLoss
 from .softmax import Softmax
 from .sparsemax import Sparsemax
 from .swiglu import SwiGLUMLP
 from .tvd import TVDLoss
 
 __all__ = ["CrossEntropyLoss", "DyT", "Embedding", "Experts", "FusedLinearCPOLoss", "FusedLinearCrossEntropyLoss",
-           "FusedLinearDPOLoss", "FusedLinearJSD", "FusedLinearKTOLoss", "FusedLinearORPOLoss", "FusedLinearSimPOLoss",
-           "GEGLUMLP", "GRPOLoss", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm", "RMSNorm", "Softmax",
-           "Sparsemax", "SwiGLUMLP", "TVDLoss"]
+           "FusedLinearDPOLoss", "FusedLinearGRPOLoss", "FusedLinearJSD", "FusedLinearKTOLoss", "FusedLinearORPOLoss",
+           "FusedLinearSimPOLoss", "GEGLUMLP", "GRPOLoss", "GroupNorm", "JSD", "KLDivLoss", "LayerNorm", "PolyNorm",
+           "RMSNorm", "Softmax", "Sparsemax", "SwiGLUMLP", "TVDLoss"]

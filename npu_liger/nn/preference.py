@@ -1,7 +1,8 @@
 """Preference losses as ``nn.Module``s with Liger-Kernel's ``liger_kernel.chunked_loss`` constructor arguments and
 forward signatures, so TRL code switches by changing an import. Each returns ``(loss, metrics)`` like Liger's:
 ``metrics`` is the tuple of the op's other outputs (chosen and rejected log-probabilities, their logits' means,
-the NLL, the rewards, and ORPO's log-odds; KTO's sums). The modules hold no parameters.
+the NLL, the rewards, and ORPO's log-odds; KTO's sums; GRPO's KL mean and clip ratio). The modules hold no
+parameters.
 
 Arguments accepted for compatibility and not used: ``chunk_size`` (the chunking follows our memory policy, see
 docs/DESIGN.md) and ``compiled`` (nothing is compiled inside; the ops are torch.library custom ops and may be
@@ -10,19 +11,23 @@ compiled from outside).
 
 from __future__ import annotations
 
-from typing import Optional
+import warnings
+from typing import Optional, Union
 
 import torch
 from torch import nn
 
 from ..registrations.fused_linear_cpo import fused_linear_cpo
+from ..npu_ops.grpo_loss import LOSS_TYPES as _GRPO_LOSS_TYPES
+from ..npu_ops.grpo_loss import check_grpo_options
 from ..registrations.fused_linear_dpo import fused_linear_dpo
+from ..registrations.fused_linear_grpo import fused_linear_grpo
 from ..registrations.fused_linear_kto import fused_linear_kto
 from ..registrations.fused_linear_orpo import fused_linear_orpo
 from ..registrations.fused_linear_simpo import fused_linear_simpo
 
-__all__ = ["FusedLinearCPOLoss", "FusedLinearDPOLoss", "FusedLinearKTOLoss", "FusedLinearORPOLoss",
-           "FusedLinearSimPOLoss"]
+__all__ = ["FusedLinearCPOLoss", "FusedLinearDPOLoss", "FusedLinearGRPOLoss", "FusedLinearKTOLoss",
+           "FusedLinearORPOLoss", "FusedLinearSimPOLoss"]
 
 
 def _check_flags(**flags) -> None:
@@ -195,3 +200,108 @@ class FusedLinearKTOLoss(nn.Module):
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, use_ref_model={self.use_ref_model}, average_log_prob={self.average_log_prob}, "
                 f"ignore_index={self.ignore_index}")
+
+
+def _dapo_normalizer(attention_mask: torch.Tensor, num_items_in_batch) -> Optional[torch.Tensor]:
+    """Liger's ``_compute_dapo_normalizer`` where it differs from the op's (the batch's own token count): the
+    global count ``num_items_in_batch / world_size``, or, under torch.distributed without it, the token count summed
+    over the processes over world_size; None where the op's count is Liger's (one process, no num_items_in_batch)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if num_items_in_batch is None and not distributed:
+        return None
+    world_size = torch.distributed.get_world_size() if distributed else 1
+    if num_items_in_batch is not None:
+        normalizer = torch.as_tensor(num_items_in_batch, dtype=torch.float32).to(attention_mask.device)
+    else:
+        normalizer = (attention_mask != 0).sum().to(torch.float32)
+        torch.distributed.all_reduce(normalizer, op=torch.distributed.ReduceOp.SUM)
+    return (normalizer / world_size).clamp_min(1.0)
+
+
+class FusedLinearGRPOLoss(nn.Module):
+    """GRPO's per-token clipped policy loss with a k3 KL penalty, fused with the last linear layer (the
+    ``fused_linear_grpo`` op), with Liger-Kernel's ``LigerFusedLinearGRPOLoss`` arguments and ``forward(_input,
+    lin_weight, selected_token_ids, attention_mask, advantages, bias, ref_per_token_logps, old_per_token_logps,
+    ref_input, ref_weight, ref_bias, vllm_is_ratio, num_items_in_batch)`` (the input first, as Liger's; _input
+    (B, T, H), attention_mask read as 0/1: nonzero is a completion token). Computed: ``loss_type`` "grpo", "bnpo",
+    "dr_grpo" (max_completion_length required, as Liger's) and "dapo" (its normaliser Liger's: num_items_in_batch /
+    world_size, or the token count over the processes, applied as a factor on the op's loss), token-level
+    importance sampling, ``temperature``. Raise ValueError: the other loss types ("cispo", "sapo", "luspo",
+    "vespo"), ``importance_sampling_level="sequence"``, ``delta``, ``use_bias_correction_kl=True`` with beta != 0,
+    a ``vllm_is_ratio``. ``sapo_temperature_*`` (validated as Liger's) and ``vespo_*`` only serve those loss types:
+    kept, unused. ``use_ref_model=False`` ignores the reference inputs (the KL is 0, as Liger's); with it, the
+    reference is ref_per_token_logps, else ref_input / ref_weight / ref_bias. Returns ``(loss, (kl_mean,
+    clip_ratio))``, or ``(loss, (clip_ratio,))`` when beta == 0, as Liger's."""
+
+    def __init__(self, beta: float = 0.04, compiled: bool = True, use_ref_model: bool = True, chunk_size: int = 1,
+                 epsilon_low: float = 0.2, epsilon_high: float = 0.2, loss_type: str = "dapo",
+                 max_completion_length: Optional[int] = None, importance_sampling_level: str = "token",
+                 sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05, temperature: float = 1.0,
+                 delta: Optional[float] = None, use_bias_correction_kl: bool = False, vespo_k_pos: float = 2.0,
+                 vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0):
+        super().__init__()
+        if loss_type not in _GRPO_LOSS_TYPES:
+            raise ValueError(f"loss_type {loss_type!r} is not supported: FusedLinearGRPOLoss computes only "
+                             f"loss_type in {_GRPO_LOSS_TYPES} (not Liger's 'cispo', 'sapo', 'luspo', 'vespo')")
+        if importance_sampling_level != "token":
+            raise ValueError(f"importance_sampling_level {importance_sampling_level!r} is not supported: "
+                             "FusedLinearGRPOLoss computes only importance_sampling_level='token' (no GSPO)")
+        if delta is not None:
+            raise ValueError(f"delta={delta!r} is not supported: FusedLinearGRPOLoss computes only delta=None "
+                             "(no two-sided clipping)")
+        _check_flags(compiled=compiled, use_ref_model=use_ref_model, use_bias_correction_kl=use_bias_correction_kl)
+        if use_bias_correction_kl and beta != 0.0:
+            raise ValueError("use_bias_correction_kl=True is not supported: FusedLinearGRPOLoss computes only "
+                             "use_bias_correction_kl=False (the KL term is not importance-weighted)")
+        if loss_type == "dr_grpo" and max_completion_length is None:
+            raise ValueError("max_completion_length must be provided for loss_type 'dr_grpo'")
+        if sapo_temperature_pos <= 0:
+            raise ValueError(f"sapo_temperature_pos must be positive, got {sapo_temperature_pos}")
+        if sapo_temperature_neg <= 0:
+            raise ValueError(f"sapo_temperature_neg must be positive, got {sapo_temperature_neg}")
+        _check_chunk_size(chunk_size)
+        check_grpo_options(temperature, beta, epsilon_low, epsilon_high, loss_type, max_completion_length)
+        _keep(self, beta=beta, compiled=compiled, use_ref_model=use_ref_model, chunk_size=chunk_size,
+              epsilon_low=epsilon_low, epsilon_high=epsilon_high, loss_type=loss_type,
+              max_completion_length=max_completion_length, importance_sampling_level=importance_sampling_level,
+              sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+              temperature=temperature, delta=delta, use_bias_correction_kl=use_bias_correction_kl,
+              vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg,
+              vespo_lambda_neg=vespo_lambda_neg)
+
+    def forward(self, _input: torch.Tensor, lin_weight: torch.Tensor, selected_token_ids: torch.Tensor,
+                attention_mask: torch.Tensor, advantages: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                ref_per_token_logps: Optional[torch.Tensor] = None,
+                old_per_token_logps: Optional[torch.Tensor] = None, ref_input: Optional[torch.Tensor] = None,
+                ref_weight: Optional[torch.Tensor] = None, ref_bias: Optional[torch.Tensor] = None,
+                vllm_is_ratio: Optional[torch.Tensor] = None,
+                num_items_in_batch: Union[torch.Tensor, int, float, None] = None):
+        if vllm_is_ratio is not None:
+            raise ValueError("vllm_is_ratio is not supported by FusedLinearGRPOLoss: give None (no vLLM "
+                             "importance-sampling correction)")
+        if self.use_ref_model:
+            if ref_per_token_logps is None and ref_input is None:
+                raise ValueError("use_ref_model=True needs ref_per_token_logps or ref_input (with ref_weight)")
+            if ref_per_token_logps is not None and ref_input is not None:
+                warnings.warn("Both ref_per_token_logps and ref_input are provided. Using ref_per_token_logps.",
+                              stacklevel=2)
+                ref_input = ref_weight = ref_bias = None
+            if ref_input is not None and ref_weight is None:
+                raise ValueError("use_ref_model=True with ref_input needs ref_weight")
+        else:
+            ref_per_token_logps = ref_input = ref_weight = ref_bias = None
+        beta = self.beta if self.use_ref_model else 0.0  # without a reference Liger's KL is 0 (ref = logp)
+        loss, kl_mean, clip_ratio = fused_linear_grpo(
+            _input, lin_weight, selected_token_ids, attention_mask, advantages, bias, ref_input, ref_weight,
+            ref_bias, ref_per_token_logps, old_per_token_logps, beta, self.epsilon_low, self.epsilon_high,
+            self.temperature, self.loss_type, self.max_completion_length)
+        if self.loss_type == "dapo":
+            normalizer = _dapo_normalizer(attention_mask, num_items_in_batch)
+            if normalizer is not None:  # the op divides by the batch's own count: rescale to Liger's
+                loss = loss * ((attention_mask != 0).sum().clamp_min(1).to(torch.float32) / normalizer)
+        return loss, ((kl_mean, clip_ratio) if self.beta != 0.0 else (clip_ratio,))
+
+    def extra_repr(self) -> str:
+        return (f"beta={self.beta}, epsilon_low={self.epsilon_low}, epsilon_high={self.epsilon_high}, "
+                f"loss_type={self.loss_type!r}, max_completion_length={self.max_completion_length}, "
+                f"temperature={self.temperature}, use_ref_model={self.use_ref_model}")
