@@ -169,6 +169,21 @@ def test_mllama_causal_lm_loss_left_with_reason():
     reason = nlt.patch_report(model).left["loss"]["MllamaForCausalLM"]
     assert reason == nlt.FAMILIES["mllama"].left[-1][1] and "lm_head(hidden_states).float()" in reason, reason
     assert nlt.patch_summary(model)["loss"] == 0
+    # the reason's second half: MllamaForConditionalGeneration (text-only input) gets the fused loss, same results
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_global_layers=1, attention_heads=2,
+                  image_size=16, patch_size=8, vision_output_dim=32, max_num_tiles=4, intermediate_layers_indices=[0])
+    torch.manual_seed(0)
+    config = transformers.MllamaConfig(text_config={**BASE, **CASES["mllama"][2]}, vision_config=vision,
+                                       image_token_index=VOCAB - 1)
+    model = transformers.MllamaForConditionalGeneration(config).to(DEVICE).train()
+    ids = torch.randint(3, VOCAB - 1, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    ref = _run(model, ids)
+    nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
+    assert nlt.patch_report(model).is_patched("loss", "MllamaForConditionalGeneration")
+    with CountOps() as counter:
+        got = _run(model, ids)
+    assert counter.counts.get("fused_linear_cross_entropy_with_grad", 0) == 1 and got.pop("logits") is None
+    _assert_close(got, {k: v for k, v in ref.items() if k != "logits"}, "MllamaForConditionalGeneration loss")
 
 
 # Vision-language models whose language model is another family's: a tiny vision tower, text-only input (no pixel
