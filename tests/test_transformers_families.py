@@ -2,7 +2,8 @@
 a tiny random model (1 layer, hidden 32, vocab 96) of each gives the same logits, loss and every parameter gradient
 patched as unpatched (fp32, FP32_RTOL: the kernels compute in fp32 and round once), the ops the table promises run
 (counted at the dispatcher), and what is left to transformers is in the patch report. Families the installed
-transformers lacks are skipped."""
+transformers lacks are skipped. Vision-language families (``VL_CASES``) are built with a one-layer vision tower and
+run on text-only input: their language model's patches are checked, and ``patch_summary`` against the table."""
 
 from __future__ import annotations
 
