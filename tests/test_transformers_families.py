@@ -2,7 +2,8 @@
 a tiny random model (1 layer, hidden 32, vocab 96) of each gives the same logits, loss and every parameter gradient
 patched as unpatched (fp32, FP32_RTOL: the kernels compute in fp32 and round once), the ops the table promises run
 (counted at the dispatcher), and what is left to transformers is in the patch report. Families the installed
-transformers lacks are skipped."""
+transformers lacks are skipped. Vision-language families (``VL_CASES``) are built with a one-layer vision tower and
+run on text-only input: their language model's patches are checked, and ``patch_summary`` against the table."""
 
 from __future__ import annotations
 
@@ -56,9 +57,10 @@ CASES = {
     "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM",
                       dict(head_dim=4, rope_interleave=False, n_routed_experts=4, num_experts_per_tok=2,
                            moe_intermediate_size=16, first_k_dense_replace=0, n_group=1, topk_group=1,
-                           q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8),
-                      DENSE, True),
-    # text part of the VL model; its causal LM's loss is not patched (the report does not yet say why)
+                           q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
+                           mlp_layer_types=["sparse"]),  # 5.24 builds its MoE layers from mlp_layer_types only
+                      (*DENSE, "fused_moe_with_saved"), True),
+    # text part of the VL model; MllamaForCausalLM's loss is left (its logits upcast: families.MLLAMA_LOSS)
     "mllama": ("MllamaTextConfig", "MllamaForCausalLM", {"cross_attention_layers": []}, DENSE, False),
     "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM",
                   dict(mamba_d_ssm=16, mamba_n_heads=4, mamba_d_head=4, mamba_d_state=8, mamba_n_groups=1,
@@ -112,7 +114,13 @@ def _assert_close(got, ref, what):
 def test_family_matches_unpatched(family):
     ops, loss = CASES[family][3], CASES[family][4]
     ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    model = _build(family)
+    _check_family(family, _build(family), ids, ops, loss)
+
+
+def _check_family(family, model, ids, ops, loss):
+    """Logits, loss and every gradient of ``model`` patched (loss=False) equal the unpatched run and ``ops`` ran;
+    the table's reasons are in the report; then the loss patch alone (fused loss iff ``loss``) gives the same loss
+    and gradients."""
     ref = _run(model, ids)  # before any patch: the rope patch is module-wide
     nlt.apply_to_model(model, loss=False)  # logits compared too
     with CountOps() as counter:
@@ -137,6 +145,94 @@ def test_family_matches_unpatched(family):
     else:
         assert "GraniteForCausalLM" in nlt.patch_report(model).left["loss"] or family != "granite"
         _assert_close(got, ref, family)
+
+
+def test_glm4_moe_lite_experts_run_fused_moe():
+    """GLM-4-MoE-Lite's experts (transformers 5's 3-D layout, silu) are found by their code and run fused_moe; its
+    dense MLP and shared experts run swiglu."""
+    model = _build("glm4_moe_lite")
+    nlt.apply_to_model(model)
+    report = nlt.patch_report(model)
+    assert report.is_patched("experts", "Glm4MoeLiteExperts") and "Glm4MoeLiteExperts" not in report.left["experts"]
+    summary = nlt.patch_summary(model)
+    assert summary["mlp"] == {"fused_moe": 1, "swiglu": 1} and summary["loss"] == 1, summary
+
+
+def test_mllama_causal_lm_loss_left_with_reason():
+    """MllamaForCausalLM upcasts its logits (``.float()`` after lm_head): its loss is left, and the report and the
+    warning-free pass say why (the table's reason), not just "not the known form"."""
+    import warnings
+
+    model = _build("mllama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the table names it: no "a different transformers version?" warning
+        nlt.apply_to_model(model)
+    reason = nlt.patch_report(model).left["loss"]["MllamaForCausalLM"]
+    assert reason == nlt.FAMILIES["mllama"].left[-1][1] and "lm_head(hidden_states).float()" in reason, reason
+    assert nlt.patch_summary(model)["loss"] == 0
+    # the reason's second half: MllamaForConditionalGeneration (text-only input) gets the fused loss, same results
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_global_layers=1, attention_heads=2,
+                  image_size=16, patch_size=8, vision_output_dim=32, max_num_tiles=4, intermediate_layers_indices=[0])
+    torch.manual_seed(0)
+    config = transformers.MllamaConfig(text_config={**BASE, **CASES["mllama"][2]}, vision_config=vision,
+                                       image_token_index=VOCAB - 1)
+    model = transformers.MllamaForConditionalGeneration(config).to(DEVICE).train()
+    ids = torch.randint(3, VOCAB - 1, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    ref = _run(model, ids)
+    nlt.apply_to_model(model, rope=False, mlp=False, norm=False)
+    assert nlt.patch_report(model).is_patched("loss", "MllamaForConditionalGeneration")
+    with CountOps() as counter:
+        got = _run(model, ids)
+    assert counter.counts.get("fused_linear_cross_entropy_with_grad", 0) == 1 and got.pop("logits") is None
+    _assert_close(got, {k: v for k, v in ref.items() if k != "logits"}, "MllamaForConditionalGeneration loss")
+
+
+# Vision-language models whose language model is another family's: a tiny vision tower, text-only input (no pixel
+# values; the image token, VOCAB - 1, never occurs). family -> (config class, model class, text config, vision
+# config, forward ops, patch_summary's expected mlp ops and rope functions)
+VL_TEXT = dict(BASE)
+VL_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+                 patch_size=8, depth=1, num_heads=2, out_hidden_size=32, head_dim=8)
+VL_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=0, n_group=1,
+              topk_group=1, n_shared_experts=1)
+GLM_MROPE = dict(rope_parameters=dict(rope_type="default", mrope_section=[1, 1, 0], partial_rotary_factor=0.5))
+VL_CASES = {
+    "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration", dict(VL_TEXT, model_type="mistral"),
+                 dict(VL_VISION, model_type="pixtral"), DENSE, {"swiglu": 1},
+                 ["mistral.apply_rotary_pos_emb", "pixtral.apply_rotary_pos_emb"]),
+    "llava": ("LlavaConfig", "LlavaForConditionalGeneration", dict(VL_TEXT, model_type="llama"),
+              dict(VL_VISION, model_type="clip_vision_model"), DENSE, {"swiglu": 1}, ["llama.apply_rotary_pos_emb"]),
+    "internvl": ("InternVLConfig", "InternVLForConditionalGeneration", dict(VL_TEXT, model_type="qwen2"), VL_VISION,
+                 DENSE, {"swiglu": 1}, ["qwen2.apply_rotary_pos_emb"]),
+    "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", dict(VL_TEXT, model_type="llama"), VL_VISION,
+                DENSE, {"swiglu": 1}, ["llama.apply_rotary_pos_emb"]),
+    # rotate_half_llm (interleaved pairs): rope left, with the table's reason
+    "glm4v": ("Glm4vConfig", "Glm4vForConditionalGeneration", dict(VL_TEXT, **GLM_MROPE), VL_VISION,
+              ("rms_norm", "swiglu"), {"swiglu": 1}, []),
+    "glm4v_moe": ("Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", dict(VL_TEXT, **VL_MOE, **GLM_MROPE),
+                  VL_VISION, (*DENSE, "fused_moe_with_saved"), {"swiglu": 1, "fused_moe": 1},
+                  ["glm4v_moe.apply_rotary_pos_emb"]),
+}
+
+
+@pytest.mark.parametrize("family", list(VL_CASES))
+def test_vl_family_matches_unpatched(family):
+    config_name, model_name, text, vision, ops, mlp, rope = VL_CASES[family]
+    if family not in nlt.FAMILIES or not nlt.FAMILIES[family].available() or not hasattr(transformers, model_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {family}")
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(text_config=text, vision_config=vision, image_token_id=VOCAB - 1)
+    model = getattr(transformers, model_name)(config).to(DEVICE).train()
+    nlt.apply_to_model(model)  # what the table claims is patched
+    summary, report = nlt.patch_summary(model), nlt.patch_report(model)
+    assert family in report.families and summary["mlp"] == mlp and sorted(summary["rope"]) == sorted(rope), summary
+    assert summary["norm"].get("rms_norm", 0) >= 3 and summary["loss"] == 1, summary
+    assert report.is_patched("loss", model_name), report
+    for piece, why in nlt.FAMILIES[family].left:
+        assert why in report.left[piece].values(), report
+    nlt.unpatch(model)
+    ids = torch.randint(3, VOCAB - 1, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    _check_family(family, model, ids, ops, True)
 
 
 def test_unknown_family_is_patched_by_structure(monkeypatch):

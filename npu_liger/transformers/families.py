@@ -113,6 +113,9 @@ GLM_ROPE = ("rope", "interleaved partial rotary (GLM's repeat_interleave'd cos/s
 GRANITE_LOGITS_SCALE = ("loss", "logits divided by config.logits_scaling after lm_head; the fused loss takes no logit "
                                 "scale")
 GATED_NORM = ("norm", "the linear-attention layers' gated RMSNorm (norm(x) * silu(gate)) stays transformers'")
+MLLAMA_LOSS = ("loss", "MllamaForCausalLM: its forward upcasts the logits (logits = self.lm_head(hidden_states)"
+                       ".float()), not the causal-LM form the loss patch checks; MllamaForConditionalGeneration is "
+                       "patched")
 LINEAR_ATTN = ("attention", "linear-attention (gated delta net) layers stay transformers'")
 
 FAMILIES = {
@@ -185,8 +188,10 @@ FAMILIES = {
              left=(("mlp", "gate and down multipliers (muP) around the gated MLP"),
                    ("loss", "logits multiplied by lm_head_multiplier after lm_head"),
                    ("mamba", "the Mamba-2 mixer and its gated RMSNorm stay transformers'"))),
-        _new("mllama", "MllamaTextModel", ("MllamaForCausalLM", "MllamaForConditionalGeneration"),
-             left=(("mlp", "the vision tower's fc1/fc2 GELU MLP (no gate)"),)),
+        # MllamaForCausalLM upcasts its logits (self.lm_head(hidden_states).float()), an assignment the loss
+        # patch's source check does not accept: left, the report giving the table's reason
+        _new("mllama", "MllamaTextModel", "MllamaForConditionalGeneration",
+             left=(("mlp", "the vision tower's fc1/fc2 GELU MLP (no gate)"), MLLAMA_LOSS)),
         _new("deepseek_v3", "DeepseekV3Model", "DeepseekV3ForCausalLM",
              left=(("rope", "apply_rotary_pos_emb_interleave (rope_interleave=True, the config default: MLA's "
                             "interleaved layout); with rope_interleave=False the plain function runs rope"),)),
