@@ -13,6 +13,7 @@ Two Triton-interpreter quirks every kernel must respect (the CPU backend runs th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -209,6 +210,25 @@ def _arg_key(arg):
     return type(arg), arg  # None, bools, constexpr values
 
 
+class _GraphCapture(threading.local):
+    active = False
+
+
+_graph_capture = _GraphCapture()
+
+
+@contextlib.contextmanager
+def capture_launches_in_graph():
+    """Inside the block, ``LaunchedKernel`` launches go through ``torch.library.wrap_triton``: a graph being traced
+    (AOTAutograd's functionalization) records each one as a Triton-kernel node, which Inductor then launches from
+    its own generated code (``registrations/_op.py``, ``define_op``, says when)."""
+    previous, _graph_capture.active = _graph_capture.active, True
+    try:
+        yield
+    finally:
+        _graph_capture.active = previous
+
+
 class LaunchedKernel:
     """A ``@triton.jit`` kernel that the host launches (``kernel[grid](...)`` as usual); see the comment above.
     Attribute access goes to the JITFunction, so tools that inspect kernels see Triton's object."""
@@ -226,6 +246,8 @@ class LaunchedKernel:
         return getattr(self.jit_function, name)
 
     def __getitem__(self, grid):
+        if _graph_capture.active:  # a traced graph records the launch (``capture_launches_in_graph``)
+            return torch.library.wrap_triton(self.jit_function)[grid]
         if LaunchedKernel._direct is None:
             LaunchedKernel._direct = _direct_launch_supported()
         if not LaunchedKernel._direct or callable(grid) or _launch_hooks_set():

@@ -13,11 +13,12 @@ never wraps a launcher by hand.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ..npu_ops._triton import serialized
+from ..npu_ops._triton import capture_launches_in_graph, interpreter_enabled, serialized
 
 NAMESPACE = "npu_liger"
 LIBRARY = torch.library.Library(NAMESPACE, "DEF")
@@ -26,13 +27,15 @@ _KERNELS = {}  # op overload -> the kernel ``call_op`` runs in plain eager code 
 _FORMULAS = {}  # op overload -> its autograd formula's apply, for ``call_op`` under torch.func transforms
 
 
-def define_op(schema: str, *, kernel: Callable, fake: Callable,
-              trusted_kernel: Optional[Callable] = None) -> "torch._ops.OpOverload":
+def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: Optional[Callable] = None,
+              opaque_in_graphs: Optional[str] = None) -> "torch._ops.OpOverload":
     """Define ``npu_liger::<schema>`` with ``kernel`` on every device key and ``fake`` for tracing.
 
     ``trusted_kernel``: the launcher without ``kernel``'s input checks, which ``call_op`` runs for arguments that
     autograd made (a backward op's incoming gradients have the outputs' shapes and dtypes, its saved tensors were
     checked by the forward): tens of microseconds of host time per call on a slow CPU.
+    ``opaque_in_graphs``: why compiled graphs must keep this op opaque (see ``_launch_kernels_in_graphs``); None
+    lets Inductor launch its kernels itself where it can.
     Returns the bound overload (``torch.ops.npu_liger.<name>.default``) so callers skip attribute lookups.
     """
     name = schema.split("(", 1)[0].strip()
@@ -42,8 +45,62 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable,
         LIBRARY.impl(name, kernel, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    if opaque_in_graphs is None and not interpreter_enabled() and INDUCTOR_LAUNCHES:
+        _launch_kernels_in_graphs(overload, kernel)
+    else:
+        OPAQUE_IN_GRAPHS[overload] = opaque_in_graphs or (
+            "the Triton interpreter (CPU) runs the kernels" if interpreter_enabled()
+            else f"{INDUCTOR_LAUNCHES_ENV} is not 1 (the default until the GPU checks pass)")
     _KERNELS[overload] = serialized(trusted_kernel) if trusted_kernel is not None else kernel
     return overload
+
+
+# Compiled graphs and our kernels. An opaque op in an Inductor graph runs its Python launcher on every call (the
+# dispatcher, the autograd kernel, the checks, the plan lookup). When a graph is traced with static sizes on CUDA,
+# the op is instead decomposed into its launcher, run on the tracer's tensors with every launch recorded through
+# torch.library.wrap_triton (torch.library.triton_op's mechanism, applied to our Library-defined ops): the
+# generated code launches the same kernels with the same tile plan that the launcher picks at dispatch time, the
+# graph's sizes being fixed and guarded and the CUDA plan depending on nothing else. Symbolic sizes (dynamic=True,
+# or Dynamo's automatic dynamic after a size changes) keep the op opaque, so its tiles are still chosen at run
+# time, per call, and nothing recompiles. Other devices keep it opaque too: torch_npu's Inductor is not checked
+# here (no NPU), and the interpreter cannot run on fake tensors.
+# Opt-in while its GPU checks are incomplete (tests/test_inductor_launches.py; BENCHMARKS.md, round ten).
+INDUCTOR_LAUNCHES_ENV = "NPU_LIGER_INDUCTOR_LAUNCHES"
+INDUCTOR_LAUNCHES = os.environ.get(INDUCTOR_LAUNCHES_ENV, "0") == "1"
+OPAQUE_IN_GRAPHS = {}  # op overload -> why compiled graphs call it as an opaque op
+CHUNKED_LOSS = ("a chunked fused-linear loss: traced, Inductor would plan every chunk's matmul and logits buffers "
+                "itself, outside the op's chunk memory policy")
+
+
+def _launch_kernels_in_graphs(op: "torch._ops.OpOverload", launcher: Callable) -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    known_types = (torch.Tensor, torch.nn.Parameter, FakeTensor, FunctionalTensor)
+
+    def decompose(mode, func, types, args, kwargs):
+        if any(t not in known_types for t in types):
+            return NotImplemented  # tensor subclasses (DTensor, ...) dispatch on their own
+        if torch._functorch.config.decompose_custom_triton_ops is False or not _static_cuda_call(args, kwargs):
+            return mode.__torch_dispatch__(func, types, args, kwargs)  # the opaque op
+        with mode, capture_launches_in_graph():
+            return launcher(*args, **kwargs)
+
+    torch.library.register_torch_dispatch(f"{NAMESPACE}::{op._schema.name.split('::')[-1]}", FunctionalTensorMode,
+                                          decompose, lib=LIBRARY)
+
+
+def _static_cuda_call(args, kwargs) -> bool:
+    """Every tensor on CUDA with plain-int sizes, strides and offset, and no symbolic scalar argument."""
+    for arg in (*args, *kwargs.values()):
+        for value in (arg if isinstance(arg, (list, tuple)) else (arg,)):
+            if isinstance(value, torch.Tensor):
+                if value.device.type != "cuda" or not all(
+                        type(s) is int for s in (*value.shape, *value.stride(), value.storage_offset())):
+                    return False
+            elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return False
+    return True
 
 
 def call_op(op: "torch._ops.OpOverload", *args):
@@ -243,5 +300,6 @@ def forbid_double_backward(op: "torch._ops.OpOverload", forward_name: str) -> No
     define_autograd(op, backward=_backward, setup_context=_setup_context)
 
 
-__all__ = ["EagerPath", "LIBRARY", "NAMESPACE", "call_op", "define_autograd", "define_composite", "define_entry",
-           "define_op", "eager_call_allowed", "eager_kernels_allowed", "forbid_double_backward"]
+__all__ = ["CHUNKED_LOSS", "EagerPath", "LIBRARY", "NAMESPACE", "OPAQUE_IN_GRAPHS", "call_op", "define_autograd",
+           "define_composite", "define_entry", "define_op", "eager_call_allowed", "eager_kernels_allowed",
+           "forbid_double_backward"]

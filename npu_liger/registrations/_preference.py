@@ -12,7 +12,7 @@ from typing import Callable, Sequence, Tuple
 import torch
 
 from ._loss import check_computed, scale_in_place, scaled, take_grads, wants_grad
-from ._op import EagerPath, define_autograd, define_composite, define_entry, define_op
+from ._op import CHUNKED_LOSS, EagerPath, define_autograd, define_composite, define_entry, define_op
 from ._sharding import sharding_rule
 
 PAIR_OUTPUTS = ("loss", "chosen_logps", "rejected_logps", "chosen_logits_mean", "rejected_logits_mean", "nll_loss",
@@ -58,7 +58,7 @@ def define_preference_loss(name: str, arguments: Sequence[Tuple[str, str, str]],
 
     with_grad_op = define_op(f"{name}_with_grad({plain}, bool grad_input, bool grad_weight, bool grad_bias) -> "
                              f"({returns}, Tensor grad_input_, Tensor grad_weight_, Tensor grad_bias_)",
-                             kernel=forward, fake=fake)
+                             kernel=forward, fake=fake, opaque_in_graphs=CHUNKED_LOSS)
 
     def setup_context(ctx, inputs, output):
         ctx.flags = tuple(inputs[n_args:])

@@ -16,7 +16,8 @@ from ..npu_ops.fused_linear_cross_entropy import (check_flce_inputs, fused_linea
                                                    fused_linear_cross_entropy_forward)
 from ._loss import (N_OPTIONS, OPTIONS_ARGS, OPTIONS_SCHEMA, check_computed, fake_stats, scale_in_place, scaled,
                     sharded_rows_result, stats_output, take_grads, wants_grad, wants_stats)
-from ._op import EagerPath, define_autograd, define_composite, define_entry, define_op, forbid_double_backward
+from ._op import (CHUNKED_LOSS, EagerPath, define_autograd, define_composite, define_entry, define_op,
+                  forbid_double_backward)
 from ._sharding import sharding_rule
 
 __all__ = ["fused_linear_cross_entropy"]
@@ -53,11 +54,11 @@ def _backward_fake(grad_loss, x, weight, target, bias, ce_weight, *args):
 with_grad_op = define_op(
     f"{_NAME}_with_grad({_TENSORS}, {OPTIONS_ARGS}, ScalarType? accum_dtype, {_FLAGS}, bool stats)"
     " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-    kernel=fused_linear_cross_entropy_forward, fake=_with_grad_fake)
+    kernel=fused_linear_cross_entropy_forward, fake=_with_grad_fake, opaque_in_graphs=CHUNKED_LOSS)
 backward_op = define_op(
     f"{_NAME}_backward(Tensor grad_loss, {_TENSORS}, {OPTIONS_ARGS.replace('str reduction, ', '')},"
     f" ScalarType? accum_dtype, {_FLAGS}) -> (Tensor, Tensor, Tensor)",
-    kernel=fused_linear_cross_entropy_backward, fake=_backward_fake)
+    kernel=fused_linear_cross_entropy_backward, fake=_backward_fake, opaque_in_graphs=CHUNKED_LOSS)
 forbid_double_backward(backward_op, _NAME)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from ..npu_ops.fused_linear_jsd import check_fused_linear_jsd_inputs, fused_linear_jsd_forward
 from ._loss import check_computed, scale_in_place, scaled, take_grads, wants_grad
-from ._op import EagerPath, define_autograd, define_composite, define_entry, define_op
+from ._op import CHUNKED_LOSS, EagerPath, define_autograd, define_composite, define_entry, define_op
 from ._sharding import sharding_rule
 
 __all__ = ["fused_linear_jsd"]
@@ -35,6 +35,7 @@ with_grad_op = define_op(
     " -> (Tensor, Tensor, Tensor)",
     kernel=fused_linear_jsd_forward,
     fake=_with_grad_fake,
+    opaque_in_graphs=CHUNKED_LOSS,
 )
 
 

@@ -35,12 +35,15 @@ def _backward_fake(grad_out, x, gate_up_proj, down_proj, top_k_index, top_k_weig
             torch.empty(top_k_weights.shape, dtype=top_k_weights.dtype, device=x.device))
 
 
+# The launchers choose torch._grouped_mm or our kernel from the operands' data pointers (16-byte alignment),
+# which a traced graph's tensors do not have.
+_OPAQUE = "its grouped-matmul choice reads the operands' data pointers"
 with_saved_op = define_op(f"fused_moe_with_saved({_ARGS}) -> (Tensor, Tensor)", kernel=fused_moe_forward,
-                          fake=_with_saved_fake)
+                          fake=_with_saved_fake, opaque_in_graphs=_OPAQUE)
 backward_op = define_op(
     f"fused_moe_backward(Tensor grad_out, {_ARGS}, Tensor gate_up_out, bool grad_x, bool grad_experts) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
-    kernel=fused_moe_backward, fake=_backward_fake)
+    kernel=fused_moe_backward, fake=_backward_fake, opaque_in_graphs=_OPAQUE)
 forbid_double_backward(backward_op, "fused_moe")
 
 

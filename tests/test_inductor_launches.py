@@ -1,0 +1,112 @@
+"""Compiled graphs that launch our kernels from Inductor's own code (``registrations/_op.py``, "Compiled graphs and
+our kernels"): with static sizes on CUDA, every op not listed in ``OPAQUE_IN_GRAPHS`` is decomposed into its
+launcher and its Triton kernels appear in the generated code, with the results of the eager op (same kernels,
+same tile plan); with symbolic sizes the op stays opaque and nothing recompiles; CUDA graphs capture both.
+
+CUDA only: the interpreter's kernels cannot run on a tracer's tensors, so on CPU every op stays opaque (the last
+test checks that the table says so)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import npu_liger
+from checklist import DEVICE
+from npu_liger.npu_ops._triton import interpreter_enabled
+from npu_liger.registrations._op import INDUCTOR_LAUNCHES, OPAQUE_IN_GRAPHS
+from op_cases import CASES, public_name
+
+on_cuda = pytest.mark.skipif(DEVICE != "cuda" or interpreter_enabled() or not INDUCTOR_LAUNCHES,
+                             reason="Inductor launches need CUDA Triton and NPU_LIGER_INDUCTOR_LAUNCHES=1")
+
+
+def _public_op_name(op) -> str:
+    """``npu_liger::rms_norm_backward`` -> ``rms_norm``: the public function an op serves."""
+    name = op._schema.name.split("::")[-1]
+    for suffix in ("_backward", "_with_grad", "_with_saved"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+OPAQUE = {_public_op_name(op) for op in OPAQUE_IN_GRAPHS}
+TRACED = [name for name in CASES if public_name(name) not in OPAQUE]
+
+
+def _flat(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _step(fn, args, positions):
+    """Outputs and the gradients of ``args`` at ``positions`` (incoming gradients: ones), fresh leaves each call."""
+    leaves = tuple(a.detach().requires_grad_(True) if i in positions else a for i, a in enumerate(args))
+    outs = [o for o in _flat(fn(*leaves))]
+    pairs = [(o, torch.ones_like(o)) for o in outs if o.requires_grad]
+    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return [o.detach() for o in outs], [leaves[i].grad for i in positions]
+
+
+@on_cuda
+@pytest.mark.parametrize("name", TRACED)
+def test_static_graph_launches_the_kernels_itself(name):
+    from torch._inductor.utils import run_and_get_code
+
+    case = CASES[name]
+    args = case.make()
+    function = getattr(npu_liger, public_name(name))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: function(*a), fullgraph=True, dynamic=False)
+    (outs, grads), code = run_and_get_code(_step, compiled, args, case.grads)
+    code = "\n".join(code)
+    assert "torch.ops.npu_liger" not in code, f"{name}: the compiled graph still calls the opaque op"
+    want_outs, want_grads = _step(function, args, case.grads)
+    for what, got, want in (("output", outs, want_outs), ("gradient", grads, want_grads)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, equal_nan=True,
+                                       msg=lambda m: f"{name} {what} {i}: {m}")
+
+
+@on_cuda
+def test_symbolic_sizes_keep_the_op_opaque_without_recompiles():
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: npu_liger.swiglu(a, b) * 2, fullgraph=True, dynamic=True)
+    for step, n in enumerate((37, 64, 1000)):
+        a, b = (torch.randn(3, n, device="cuda") for _ in range(2))
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):
+            got, code = run_and_get_code(compiled, a, b)
+        if step == 0:
+            assert "torch.ops.npu_liger.swiglu" in "\n".join(code)
+        torch.testing.assert_close(got, npu_liger.swiglu(a, b) * 2, rtol=0, atol=0)
+
+
+@on_cuda
+def test_cuda_graphs_capture_the_launched_kernels():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Unflatten(-1, (2, 64))).cuda()
+
+    def step(x, w):
+        a, b = model(x).unbind(-2)
+        return npu_liger.rms_norm(npu_liger.swiglu(a, b), w).sum()
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    x, w = torch.randn(8, 64, device="cuda"), torch.randn(64, device="cuda", requires_grad=True)
+    for _ in range(3):
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = compiled(x, w)
+        loss.backward()
+    assert counters["inductor"].get("cudagraph_skips", 0) == 0
+    torch.testing.assert_close(loss, step(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_the_table_names_why_an_op_stays_opaque():
+    for op, why in OPAQUE_IN_GRAPHS.items():
+        assert isinstance(why, str) and why, op
+    if interpreter_enabled() or not INDUCTOR_LAUNCHES:
+        assert not TRACED, "under the interpreter, or without the opt-in, every op must stay opaque"
+    else:
+        assert "swiglu" in TRACED and "rms_norm" in TRACED
