@@ -40,7 +40,7 @@ def _flat(out):
 def _step(fn, args, positions):
     """Outputs and the gradients of ``args`` at ``positions`` (incoming gradients: ones), fresh leaves each call."""
     leaves = tuple(a.detach().requires_grad_(True) if i in positions else a for i, a in enumerate(args))
-    outs = [o for o in _flat(fn(*leaves))]
+    outs = _flat(fn(*leaves))
     pairs = [(o, torch.ones_like(o)) for o in outs if o.requires_grad]
     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     return [o.detach() for o in outs], [leaves[i].grad for i in positions]

@@ -46,7 +46,7 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
     if opaque_in_graphs is None and not interpreter_enabled() and INDUCTOR_LAUNCHES:
-        _launch_kernels_in_graphs(overload, kernel)
+        _launch_kernels_in_graphs(name, kernel)
     else:
         OPAQUE_IN_GRAPHS[overload] = opaque_in_graphs or (
             "the Triton interpreter (CPU) runs the kernels" if interpreter_enabled()
@@ -72,7 +72,7 @@ CHUNKED_LOSS = ("a chunked fused-linear loss: traced, Inductor would plan every 
                 "itself, outside the op's chunk memory policy")
 
 
-def _launch_kernels_in_graphs(op: "torch._ops.OpOverload", launcher: Callable) -> None:
+def _launch_kernels_in_graphs(name: str, launcher: Callable) -> None:
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
@@ -81,13 +81,12 @@ def _launch_kernels_in_graphs(op: "torch._ops.OpOverload", launcher: Callable) -
     def decompose(mode, func, types, args, kwargs):
         if any(t not in known_types for t in types):
             return NotImplemented  # tensor subclasses (DTensor, ...) dispatch on their own
-        if torch._functorch.config.decompose_custom_triton_ops is False or not _static_cuda_call(args, kwargs):
+        if not torch._functorch.config.decompose_custom_triton_ops or not _static_cuda_call(args, kwargs):
             return mode.__torch_dispatch__(func, types, args, kwargs)  # the opaque op
         with mode, capture_launches_in_graph():
             return launcher(*args, **kwargs)
 
-    torch.library.register_torch_dispatch(f"{NAMESPACE}::{op._schema.name.split('::')[-1]}", FunctionalTensorMode,
-                                          decompose, lib=LIBRARY)
+    torch.library.register_torch_dispatch(f"{NAMESPACE}::{name}", FunctionalTensorMode, decompose, lib=LIBRARY)
 
 
 def _static_cuda_call(args, kwargs) -> bool:
