@@ -17,6 +17,9 @@ Models are built from configs (no downloads), default size: 8 layers, hidden 204
     liger_full          apply_liger_kernel_to_<family>() with its defaults (Liger's full patch)
     hf_compiled         torch.compile(model) of the unpatched model
     npu_liger_compiled  torch.compile(apply_to_model(model))
+    npu_liger_compiled_launches    the same with NPU_LIGER_INDUCTOR_LAUNCHES=1 (Inductor launches our kernels)
+    hf_compiled_cudagraphs         torch.compile(model, mode="reduce-overhead"): CUDA graphs
+    npu_liger_compiled_cudagraphs  the same of apply_to_model(model), NPU_LIGER_INDUCTOR_LAUNCHES=1
 
 Every variant runs in its own Python process (Liger patches transformers' modules for the whole process; a fresh
 process also gives a clean peak-memory count), builds the model from the same seed and trains on the same
@@ -87,6 +90,8 @@ class Variant:
     liger: Optional[str] = None  # likewise for Liger-Kernel
     compiled: bool = False
     experts: Optional[str] = None  # transformers' experts_implementation (None: its default, grouped_mm where it can)
+    compile_mode: Optional[str] = None  # torch.compile's mode (inductor only): "reduce-overhead" is CUDA graphs
+    inductor_launches: bool = False  # NPU_LIGER_INDUCTOR_LAUNCHES=1 in the worker (read when npu_liger is imported)
 
 
 VARIANTS = {
@@ -98,6 +103,10 @@ VARIANTS = {
     "liger_full": Variant(liger="full"),
     "hf_compiled": Variant(compiled=True),
     "npu_liger_compiled": Variant(npu_liger="full", compiled=True),
+    "npu_liger_compiled_launches": Variant(npu_liger="full", compiled=True, inductor_launches=True),
+    "hf_compiled_cudagraphs": Variant(compiled=True, compile_mode="reduce-overhead"),
+    "npu_liger_compiled_cudagraphs": Variant(npu_liger="full", compiled=True, compile_mode="reduce-overhead",
+                                             inductor_launches=True),
 }
 
 SAME_OPS = {"rope", "mlp", "swiglu", "geglu"}  # what Liger's partial patch (and ours to match it) switch on
@@ -132,21 +141,25 @@ def model_config(family: str, size: dict, experts_implementation: Optional[str] 
     return config
 
 
-def training_step(run, model, batches, device):
+def training_step(run, model, batches, device, cuda_graphs: bool = False):
     """``step(i)``: one optimisation step on batch ``i`` (cycled) -- forward with the inputs as labels (HF shifts
     them), backward, AdamW update -- returning the detached loss. ``run`` is the model or its compiled form.
-    AdamW is fused where the device has it (the issue's setting); the foreach implementation elsewhere."""
+    AdamW is fused where the device has it (the issue's setting); the foreach implementation elsewhere.
+    ``cuda_graphs``: each step begins a new CUDA-graph step (the graphs' outputs of the last one may be reused)
+    and the loss is copied out of the graph's memory."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cuda", "npu"))
 
     def step(i):
         ids = batches[i % len(batches)]
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         loss = run(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss.detach().clone() if cuda_graphs else loss.detach()
 
     return step
 
@@ -255,14 +268,18 @@ def run_variant(job: dict) -> dict:
     dtype = getattr(torch, job["dtype"])
     model, note = build_model(job["family"], size, variant, device, dtype)
     run = model
+    compile_options = dict(backend=job["compile_backend"])
+    if variant.compile_mode is not None and job["compile_backend"] == "inductor":
+        compile_options["mode"] = variant.compile_mode
     if variant.compiled and job["compile_scope"] == "layers":
         # each decoder layer on its own (identical layers share one compiled graph: a fraction of the compile
         # time); embedding, final norm, lm_head and the loss stay eager
         for layer in model.model.layers:
-            layer.compile(backend=job["compile_backend"])
+            layer.compile(**compile_options)
     elif variant.compiled:
-        run = torch.compile(model, backend=job["compile_backend"])
-    step = training_step(run, model, make_batches(size, 4, device), device)
+        run = torch.compile(model, **compile_options)
+    cuda_graphs = compile_options.get("mode") == "reduce-overhead" and device.type == "cuda"
+    step = training_step(run, model, make_batches(size, 4, device), device, cuda_graphs)
 
     started = time.perf_counter()
     first_loss = step(0).item()  # before any update: the same model and batch in every variant
@@ -346,6 +363,8 @@ def launch(job: dict, timeout_s: float) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     if job["device"] == "cpu":
         env["TRITON_INTERPRET"] = "1"
+    if VARIANTS[job["variant"]].inductor_launches:
+        env["NPU_LIGER_INDUCTOR_LAUNCHES"] = "1"
     try:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)], cwd=REPO,
                               env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -421,7 +440,7 @@ def step_ms_text(row) -> str:
 
 
 def format_row(row, rows) -> str:
-    head = f"{row['family']:>6} {row['variant']:<19}"
+    head = f"{row['family']:>6} {row['variant']:<29}"
     if "skipped" in row:
         return f"{head} skipped: {row['skipped']}"
     if "error" in row:

@@ -206,6 +206,40 @@ def test_only_the_needed_gradients():
     assert ggu.shape == (0,) and gd.shape == (0,) and torch.allclose(gx, x.grad)
 
 
+def _layout(shape, order, step):
+    """A bf16 tensor of ``shape`` whose dims are laid out in ``order`` (outermost first), every ``step``-th element
+    of its last dim kept: contiguous, transposed and strided layouts from one description."""
+    stored = [shape[d] for d in order]
+    stored[-1] *= step
+    t = torch.randn(stored, dtype=torch.bfloat16, device=DEVICE)[..., ::step]
+    return t.permute([order.index(d) for d in range(len(shape))])
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 6), k=st.sampled_from([1, 4, 8, 12, 16]), n=st.sampled_from([1, 8, 12, 16]),
+       a_order=st.sampled_from([(0, 1), (1, 0)]), w_order=st.permutations([0, 1, 2]), step=st.sampled_from([1, 2]))
+def test_grouped_mm_guard_matches_torch_layout_check(rows, k, n, a_order, w_order, step):
+    """``_aligned`` answers torch's own check (CPU torch runs the same check as CUDA): where the guard says yes,
+    torch._grouped_mm accepts the operands and computes each expert's product; where torch accepts, the guard says
+    yes unless an expert stride is off 16 bytes (our stricter addition). H = 1 ((rows, 1) of strides (1, 1)) is
+    the layout the old guard let through."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("torch without _grouped_mm")
+    a, w = _layout((rows, k), a_order, 1), _layout((2, k, n), tuple(w_order), step)
+    offs = torch.tensor([rows // 2, rows], dtype=torch.int32, device=DEVICE)
+    guard = _grouped_mm._aligned(a) and _grouped_mm._aligned(w)
+    try:
+        out = torch._grouped_mm(a, w, offs=offs)
+    except RuntimeError as error:
+        assert not guard, f"guard accepted what torch refused: {error}"
+        return
+    a64, w64 = to_float64(a), to_float64(w)
+    expected = torch.cat([a64[: rows // 2] @ w64[0], a64[rows // 2:] @ w64[1]])
+    eager = torch.cat([a[: rows // 2] @ w[0], a[rows // 2:] @ w[1]])
+    assert_close(out, expected, eager, what="torch._grouped_mm")
+    assert guard or w.stride(0) % 8, (a.stride(), w.stride())
+
+
 def test_grouped_mm_switch_and_torch_kernel(monkeypatch):
     """The torch._grouped_mm path (CUDA only in the package) computes the same products: forced on here for bf16
     CPU tensors, where torch 2.13 has the kernel too."""

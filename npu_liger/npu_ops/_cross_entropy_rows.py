@@ -75,6 +75,10 @@ def _cross_entropy_fwd_kernel(logits_ptr, target_ptr, weight_ptr, weight_sum_ptr
                               HAS_WEIGHT: tl.constexpr, TOKEN_SCALING: tl.constexpr, STATS: tl.constexpr,
                               COMPUTE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr,
                               ORDER_TARGET_STORE: tl.constexpr = False):
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    label_smoothing = tl.cast(label_smoothing, tl.float32)
+    softcap = tl.cast(softcap, tl.float32)
+    lse_square_scale = tl.cast(lse_square_scale, tl.float32)
     for row in tl.range(program_start(1), n_rows, grid_stride(1)):
         row_ptr = logits_ptr + row * logits_stride_row
         target = tl.load(target_ptr + row * target_stride).to(tl.int64)

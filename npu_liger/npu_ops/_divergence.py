@@ -108,6 +108,11 @@ def _jsd_fwd_kernel(x_ptr, y_ptr, labels_ptr, scale_ptr, row_loss_ptr, grad_ptr,
     """Per row: the loss (unscaled, fp32) into ``row_loss`` and, with COMPUTE_GRAD, the gradient times ``scale``
     (1 / valid rows, read on the device) into ``grad`` (unit column stride; the student logits' own buffer
     when FROM_LOGITS)."""
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    beta = tl.cast(beta, tl.float32)
+    log_beta = tl.cast(log_beta, tl.float32)
+    log_1m_beta = tl.cast(log_1m_beta, tl.float32)
+    inv_temperature = tl.cast(inv_temperature, tl.float32)
     scale = tl.load(scale_ptr)
     for row in tl.range(program_start(1), n_rows, grid_stride(1)):
         x_row = x_ptr + row * x_stride_row

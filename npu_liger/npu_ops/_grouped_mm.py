@@ -67,12 +67,21 @@ def choice() -> str:
 
 
 def _aligned(t: torch.Tensor) -> bool:
-    """One unit stride in the last two dims, the other strides and the data pointer 16-byte aligned."""
-    size = t.element_size()
-    last2 = t.stride()[-2:]
-    if 1 not in last2 or t.data_ptr() % 16:
+    """torch's own layout check, answered instead of raised: the data pointer 16-byte aligned; the last dim of unit
+    stride with the row stride at least the row's length (else the second-to-last of unit stride with the column
+    stride at least the column's length), that other stride a multiple of 16 bytes. Checked in torch's order: a
+    (rows, 1) tensor of strides (1, 1) counts as row-major and fails (H = 1). Our addition: the expert stride of
+    a 3-D operand 16-byte aligned too (each expert's matrix starts on its own 16 bytes)."""
+    align = 16 // t.element_size()
+    stride_m, stride_n = t.stride()[-2:]
+    size_m, size_n = t.shape[-2:]
+    if t.data_ptr() % 16 or any(s % align for s in t.stride()[:-2]):
         return False
-    return all((s * size) % 16 == 0 for i, s in enumerate(t.stride()) if not (i >= t.dim() - 2 and s == 1))
+    if stride_n == 1 and stride_m >= max(1, size_n):
+        return stride_m % align == 0
+    if stride_m == 1 and stride_n >= max(1, size_m):
+        return stride_n % align == 0
+    return False
 
 
 def torch_grouped_mm_applies(*operands: torch.Tensor) -> bool:

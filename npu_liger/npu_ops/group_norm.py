@@ -99,6 +99,8 @@ def _group_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, num_groups, chann
                            HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr,
                            BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """``channels``: channels per group; ``positions``: HW; one group row (n, g) per iteration."""
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
     ch_ids = tl.arange(0, BLOCK_C)[:, None]
     hw_ids = tl.arange(0, BLOCK_HW)[None, :]
     size = channels * positions
@@ -140,6 +142,8 @@ def _group_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
                            BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """dx (module docstring), and group row (n, g)'s shares of dweight and dbias into row n of dw_ptr / db_ptr
     (N, C) at the group's channels, fp32."""
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
     ch_ids = tl.arange(0, BLOCK_C)[:, None]
     hw_ids = tl.arange(0, BLOCK_HW)[None, :]
     p_ids = tl.arange(0, BLOCK_C)

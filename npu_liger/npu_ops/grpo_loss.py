@@ -65,6 +65,11 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
                           ref_stride_b, ref_stride_t, grad_stride_b, grad_stride_t, inv_temperature, beta, eps_low,
                           eps_high, HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_KL_PENALTY: tl.constexpr,
                           COMPUTE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr, ORDER_TARGET_STORE: tl.constexpr = False):
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    inv_temperature = tl.cast(inv_temperature, tl.float32)
+    beta = tl.cast(beta, tl.float32)
+    eps_low = tl.cast(eps_low, tl.float32)
+    eps_high = tl.cast(eps_high, tl.float32)
     for token in tl.range(program_start(1), n_tokens, grid_stride(1)):
         b = token // seq_len
         t = token - b * seq_len

@@ -61,6 +61,8 @@ BACKWARD_MEMORY_MULTIPLIER = 10.0
 def _kl_div_fwd_kernel(x_ptr, t_ptr, out_ptr, row_sums_ptr, n_rows, n_cols, x_stride_row, x_stride_col,
                        t_stride_row, t_stride_col, out_stride_row, eps, LOG_TARGET: tl.constexpr,
                        ELEMENTWISE: tl.constexpr, BLOCK_V: tl.constexpr):
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
     for row in tl.range(program_start(1), n_rows, grid_stride(1)):
         x_row = x_ptr + row * x_stride_row
         t_row = t_ptr + row * t_stride_row

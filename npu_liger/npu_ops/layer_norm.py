@@ -64,6 +64,8 @@ def _row_rstd(x_ptr, mean, rows, row_ok, col_ids, x_stride, n_cols, eps, BLOCK_R
 def _layer_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, x_stride, eps, HAS_WEIGHT: tl.constexpr,
                            HAS_BIAS: tl.constexpr, WHOLE_ROW: tl.constexpr, PARAMS_PER_TILE: tl.constexpr,
                            BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
     row_ids = tl.arange(0, BLOCK_R)[:, None]
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     if WHOLE_ROW:  # BLOCK_R whole rows per tile: x read once
@@ -105,6 +107,8 @@ def _layer_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, n_rows,
                            BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     """dx (module docstring), and this program's shares of dW and dB into row ``program_id`` of dw_ptr and
     db_ptr (programs, n_cols), fp32."""
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
     row_ids = tl.arange(0, BLOCK_R)[:, None]
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     p_cols = tl.arange(0, BLOCK_N)

@@ -50,6 +50,8 @@ def _poly_dx(x, x2, x3, dy, c3, k3, c2, k2, c1, k1):
 @launched_kernel(do_not_specialize=["n_rows"])
 def _poly_norm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_rows, n_cols, x_stride, eps, WHOLE_ROW: tl.constexpr,
                           BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
     row_ids = tl.arange(0, BLOCK_R)[:, None]
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     w0 = tl.load(w_ptr).to(tl.float32)
@@ -101,6 +103,8 @@ def _poly_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, dx_ptr, partial_ptr, n_rows, n_c
                           WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     """dx (module docstring), and this program's shares of dw0, dw1, dw2, db into row ``program_id`` of
     partial_ptr (programs, 4), fp32."""
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
     row_ids = tl.arange(0, BLOCK_R)[:, None]
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     w0 = tl.load(w_ptr).to(tl.float32)

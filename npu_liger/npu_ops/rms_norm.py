@@ -119,6 +119,9 @@ def _rms_norm_fwd_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, n_cols, x_st
                          HAS_OFFSET: tl.constexpr, WHOLE_ROW: tl.constexpr, PARAMS_PER_TILE: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     """y (and s, HAS_RESIDUAL); without a weight (HAS_WEIGHT off) w_ptr is never read."""
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
+    offset = tl.cast(offset, tl.float32)
     row_ids = tl.arange(0, BLOCK_R)[:, None]
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     if WHOLE_ROW:  # BLOCK_R whole rows per tile: x read once
@@ -181,6 +184,9 @@ def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, n
     """dx (module docstring) and this program's share of dW into row ``program_id`` of dw_ptr (programs, n_cols),
     fp32. ds_ptr: the fused op's gradient of s, added to dx (HAS_GRAD_SUM). Without a weight (HAS_WEIGHT off)
     g = dy, and w_ptr and dw_ptr are never touched."""
+    # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
+    eps = tl.cast(eps, tl.float32)
+    offset = tl.cast(offset, tl.float32)
     row_ids = tl.arange(0, BLOCK_R)[:, None]
     col_ids = tl.arange(0, BLOCK_N)[None, :]
     dw_cols = tl.arange(0, BLOCK_N)
