@@ -98,13 +98,14 @@ def test_cuda_graphs_capture_the_launched_kernels():
             a, b = self.up(x).view(*x.shape[:-1], 2, 64).unbind(-2)
             return npu_liger.rms_norm(npu_liger.swiglu(a, b), self.weight).sum()
 
-    # the module is compiled, as a training loop compiles its model: its parameters are then the graphs' static
-    # inputs (a function closing over a module fails this loop with torch's ops alone, measured on an H200)
+    # compiled as a training loop compiles its model (its parameters are the graphs' static inputs); the loop
+    # clears the gradients as an optimizer step would: accumulating into a .grad that lives in the backward
+    # graph's memory fails with torch's own ops too (measured on an H200)
     model = Block().cuda()
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     x = torch.randn(8, 64, device="cuda")
     for _ in range(3):
-        model.zero_grad(set_to_none=True)  # as an optimizer step does: .grad of the last step is graph memory
+        model.zero_grad(set_to_none=True)
         torch.compiler.cudagraph_mark_step_begin()
         loss = compiled(x)
         loss.backward()
