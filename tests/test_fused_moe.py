@@ -57,22 +57,31 @@ def make(T, H, E, inter, K, dtype=torch.float32, *, sentinel=True, noncontiguous
     return x, gate_up, down, index, weights
 
 
-def routing_weight_grad_condition(x, gate_up, down, index, grad_out):
-    """In float64: ||sum_i |ga_i * act_i| || / ||sum_i ga_i * act_i|| over the slots, the amplification of a
-    rounding of act (or of the expert output) in the routing weights' gradient ``grad_out[t] . y``: large when
-    the dot's terms cancel, where twice the eager error alone fails at random (docs/DESIGN.md section 6)."""
+def routing_weight_grad_rounding(x, gate_up, down, index, grad_out):
+    """In float64: the first-order relative error of the routing weights' gradient ``grad_out[t] . y`` when every
+    term on its way rounds once by one unit: the terms of the gate and up dots over H, act, the terms of y's dot
+    over I and those of the final dot over H. Each term z gets a mark (1 + d); |dg/dd| at d = 0 is that
+    rounding's contribution. Returns ||sum |dg/dd| || / ||g|| over the slots: large where a dot's terms cancel,
+    and there twice the eager error alone fails at random (docs/DESIGN.md section 6; the CI's fp32 draw at
+    T=2, H=40, E=1, I=8 erred 3.6 times eager's error)."""
     x, gate_up, down, grad_out = (t.detach().double() for t in (x, gate_up, down, grad_out))
-    sums, values = [], []
+    sizes, values = [], []
     for t in range(x.shape[0]):
         for e in index[t].tolist():
-            if e < gate_up.shape[0]:
-                gate, up = (gate_up[e] @ x[t]).chunk(2)
-                terms = (down[e].t() @ grad_out[t]) * torch.nn.functional.silu(gate) * up
-                sums.append(terms.abs().sum())
-                values.append(terms.sum())
+            if e >= gate_up.shape[0]:
+                continue  # served elsewhere: the gradient is exactly 0
+            gate_w, up_w = gate_up[e].chunk(2)
+            marks = [torch.zeros_like(m, requires_grad=True) for m in (gate_w, up_w, gate_w[:, 0], down[e], x[t])]
+            gate = (gate_w * x[t] * (1 + marks[0])).sum(1)
+            up = (up_w * x[t] * (1 + marks[1])).sum(1)
+            act = torch.nn.functional.silu(gate) * up * (1 + marks[2])
+            y = (down[e] * act * (1 + marks[3])).sum(1)
+            value = (grad_out[t] * y * (1 + marks[4])).sum()
+            sizes.append(sum(g.abs().sum() for g in torch.autograd.grad(value, marks)))
+            values.append(value.detach())
     if not values:
         return 1.0
-    return (torch.stack(sums).norm() / torch.stack(values).norm().clamp_min(1e-300)).item()
+    return (torch.stack(sizes).norm() / torch.stack(values).norm().clamp_min(1e-300)).item()
 
 
 def check(args, grads=(0, 1, 2, 4)):
@@ -115,10 +124,13 @@ def check(args, grads=(0, 1, 2, 4)):
             u = UNIT_ROUNDOFF[got.dtype]
             tol = max(2.0 * rel_error(want_low, want), 2.0 * u)
             if i == 4:
-                tol += u * routing_weight_grad_condition(*args[:4], grad_out)
+                tol += u * routing_weight_grad_rounding(*args[:4], grad_out)
             assert rel_error(got, want) <= tol, f"{name} ({got.dtype}): {rel_error(got, want):.3e} > {tol:.3e}"
             continue
-        assert_close(got, want, want_low, what=name)
+        # fp32: the fixed 1e-5 unless the routing weights' dots cancel; the kernel's blocked fp32 sums round
+        # about as often as the marked terms (1600 CPU draws: at most 0.77 of one u per mark), hence twice that.
+        floor = 2.0 * 2.0**-24 * routing_weight_grad_rounding(*args[:4], grad_out) if i == 4 else 0.0
+        assert_close(got, want, want_low, what=name, floor=floor)
     return out
 
 
