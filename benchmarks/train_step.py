@@ -297,9 +297,75 @@ def run_variant(job: dict) -> dict:
     elapsed = time.perf_counter() - start
     tokens = job["steps"] * size["batch"] * size["seq"]
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values()) if variant.compiled else None
-    return dict(device=device.type, tokens_per_s=tokens / elapsed, step_ms=elapsed / job["steps"] * 1e3,
-                step_ms_each=marks.intervals_ms(), peak_gib=peak_gib(device),
-                first_loss=first_loss, last_loss=loss.item(), warmup_s=warmup_s, graph_breaks=breaks, note=note)
+    result = dict(device=device.type, tokens_per_s=tokens / elapsed, step_ms=elapsed / job["steps"] * 1e3,
+                  step_ms_each=marks.intervals_ms(), peak_gib=peak_gib(device),
+                  first_loss=first_loss, last_loss=loss.item(), warmup_s=warmup_s, graph_breaks=breaks, note=note)
+    if job.get("profile_steps") and device.type == "cuda":
+        result["profile"] = kernel_profile(step, job["warmup"] + job["steps"], job["profile_steps"], device)
+    return result
+
+
+# Kernel families of a profile, matched in order on the lower-cased kernel name, after the Triton kernels of
+# npu_liger and of Liger-Kernel (by their Python names). Inductor's generated kernels are "triton_poi/red/per_...".
+KERNEL_GROUPS = (
+    ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "wgmma", "splitk")),
+    ("attention", ("flash", "fmha", "attention", "cudnn")),
+    ("optimizer", ("multi_tensor", "adam")),
+    ("inductor", ("triton_poi", "triton_red", "triton_per", "triton_tem")),
+    ("copy/fill", ("memcpy", "memset", "copy", "fill")),
+    ("aten elementwise/reduce", ("elementwise", "reduce_kernel", "index", "scatter", "gather", "cat")),
+)
+
+
+def triton_kernel_names(package: str) -> set:
+    """Names of the ``@triton.jit`` functions in the imported modules of ``package`` (npu_liger's host-launched
+    kernels are ``LaunchedKernel`` wrappers that hold one as ``jit_function``)."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return set()
+    names = set()
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == package or name.startswith(package + ".")):
+            names.update(attr for attr, value in vars(module).items()
+                         if isinstance(getattr(value, "jit_function", value), JITFunction))
+    return names
+
+
+def kernel_group(name: str, ours: set = frozenset(), liger: set = frozenset()) -> str:
+    if name in ours:
+        return "npu_liger kernels"
+    if name in liger:
+        return "Liger kernels"
+    low = name.lower()
+    return next((group for group, keys in KERNEL_GROUPS if any(k in low for k in keys)), "other")
+
+
+def kernel_profile(step, first: int, count: int, device) -> dict:
+    """Device time per step of the kernels ``count`` more steps launch (torch.profiler's CUDA activity), by
+    group and by kernel (the 25 largest). Against the wall time per step it tells how much of a step the device
+    is idle waiting for the host; between variants, which kernels a difference is made of."""
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    started = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(count):
+            step(first + i)
+        synchronize(device)
+    wall_ms = (time.perf_counter() - started) * 1e3 / count
+    kernels = [(e.key, e.self_device_time_total / 1e3 / count, e.count / count) for e in prof.key_averages()
+               if e.self_device_time_total > 0]
+    ours, liger = triton_kernel_names("npu_liger"), triton_kernel_names("liger_kernel")
+    groups: dict = {}
+    for name, ms, _ in kernels:
+        group = kernel_group(name, ours, liger)
+        groups[group] = groups.get(group, 0.0) + ms
+    top = sorted(kernels, key=lambda k: -k[1])[:25]
+    return dict(steps=count, wall_ms_per_step=round(wall_ms, 2),
+                kernel_ms_per_step=round(sum(ms for _, ms, _ in kernels), 2),
+                groups={g: round(ms, 2) for g, ms in sorted(groups.items(), key=lambda kv: -kv[1])},
+                top=[[name[:120], round(ms, 3), round(calls, 1)] for name, ms, calls in top])
 
 
 def _worker(job_json: str) -> None:
@@ -331,6 +397,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout-s", type=float, default=600, help="per variant")
     p.add_argument("--budget-s", type=float, default=None, help="start no new variant after this many seconds "
                    "(the rest are listed as skipped); families run in the order given")
+    p.add_argument("--profile-steps", type=int, default=0, help="after the timed steps, profile this many more "
+                   "(CUDA): kernel time per step by group and by kernel, in train_step_profile.md")
     p.add_argument("--out", default=None, help=f"output folder (default {os.path.relpath(OUTPUT, REPO)})")
     p.add_argument("--publish", action="store_true", help=f"write to {os.path.relpath(PUBLISHED, REPO)}")
     args = p.parse_args(argv)
@@ -413,7 +481,7 @@ def main(argv=None) -> int:
                 started = time.perf_counter()
                 job = dict(family=family, variant=name, size=meta["size"], device=args.device, dtype=args.dtype,
                            warmup=args.warmup, steps=args.steps, compile_backend=args.compile_backend,
-                           compile_scope=args.compile_scope)
+                           compile_scope=args.compile_scope, profile_steps=args.profile_steps)
                 row.update(launch(job, args.timeout_s))
                 row["wall_s"] = time.perf_counter() - started
             rows.append(row)
@@ -534,6 +602,25 @@ def write_outputs(meta, rows, out) -> None:
     with open(os.path.join(out, "train_step.md"), "w") as f:
         f.write(markdown(meta, rows))
     plot(rows, os.path.join(out, "train_step.png"))
+    profiled = [r for r in rows if "profile" in r]
+    if profiled:
+        with open(os.path.join(out, "train_step_profile.md"), "w") as f:
+            f.write(profile_markdown(profiled))
+
+
+def profile_markdown(rows) -> str:
+    """Per variant: wall and kernel ms per step, kernel ms by group, then the largest kernels."""
+    lines = []
+    for row in rows:
+        prof = row["profile"]
+        lines += [f"## {row['family']} {row['variant']}: wall {prof['wall_ms_per_step']} ms/step, kernels "
+                  f"{prof['kernel_ms_per_step']} ms/step ({prof['steps']} profiled steps)", "",
+                  "| group | ms/step |", "|---|---|"]
+        lines += [f"| {group} | {ms} |" for group, ms in prof["groups"].items()]
+        lines += ["", "| kernel | ms/step | calls/step |", "|---|---|---|"]
+        lines += [f"| `{name}` | {ms} | {calls} |" for name, ms, calls in prof["top"]]
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
