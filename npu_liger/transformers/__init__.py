@@ -29,15 +29,17 @@ from .rope import apply_multimodal_rotary_pos_emb, apply_rotary_emb, apply_rotar
 
 def _family_patcher(name: str, title: str):
     def patch(*, rope: bool = True, mlp: bool = True, embedding: bool = False, norm: bool = True,
-              loss: bool = True) -> None:
-        apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding, norm=norm, loss=loss)
+              loss: bool = True, causal_mask: bool = True) -> None:
+        apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding, norm=norm, loss=loss,
+                        causal_mask=causal_mask)
 
     patch.__name__ = patch.__qualname__ = f"apply_npu_liger_to_{name}"
     experts = " and experts" if FAMILIES[name].expert_classes else ""
     patch.__doc__ = (f"Patch {title} before building models: its rotary function now (module-wide), and its "
                      f"MLPs{experts} and norms (and, with ``embedding=True``, the "
                      f"input embedding) of every model constructed afterwards, and (``loss``) the training loss of "
-                     f"its causal LMs through fused linear cross entropy. ``revert({name!r})`` undoes it.")
+                     f"its causal LMs through fused linear cross entropy; ``causal_mask``: see ``apply_to_model``. "
+                     f"``revert({name!r})`` undoes it.")
     return patch
 
 

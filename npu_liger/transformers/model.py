@@ -13,6 +13,7 @@ from typing import Iterator, List, Tuple
 from torch import nn
 
 from . import _patching, report
+from .causal_mask import patch_causal_mask, restore_causal_mask
 from .report import patch_report
 from .families import (FAMILIES, FAMILY_BY_MODULE, Family, patch_rope, patch_structural_rope, restore_rope,
                        restore_structural_rope, rope_patched, structural_rope_patched)
@@ -79,7 +80,7 @@ def _patch_modules(root: nn.Module, *, mlp: bool, embedding: bool, norm: bool = 
 
 
 def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, embedding: bool = False,
-                   norm: bool = True, loss: bool = True) -> nn.Module:
+                   norm: bool = True, loss: bool = True, causal_mask: bool = True) -> nn.Module:
     """Patch an already built transformers model in place and return it.
 
     - ``mlp``: every gated MLP of a supported family runs ``down_proj(op(gate_proj(x), up_proj(x)))`` with
@@ -97,6 +98,9 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
       ``npu_liger.fused_linear_cross_entropy``, without logits (``skip_logits=False`` in a call asks for them),
       while ``lm_head`` is a plain ``nn.Linear`` without hooks (else, checked per call: ``lm_head``'s own logits
       and ``npu_liger.cross_entropy``); see ``loss.py``. Per instance.
+    - ``causal_mask``: under torch.compile, a causal mask without padding reaches SDPA as ``is_causal=True``, as
+      in eager mode, instead of a dense mask tensor that costs attention its causal kernels (``causal_mask.py``;
+      the same results). Process-wide, as transformers' mask functions are.
 
     Families the table (``families.FAMILIES``) does not name are patched by module structure: an RMSNorm, a gated
     MLP (``gate_proj``/``up_proj`` or one ``gate_up_proj``), stacked experts, a modeling module's
@@ -115,9 +119,13 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
         _patch_modules(model, mlp=mlp, embedding=embedding, norm=norm)
         if loss:
             patch_losses(model)
+        if causal_mask:
+            patch_causal_mask()
         _note_left(model, rep, dict(rope=rope, mlp=mlp, norm=norm, loss=loss))
     report.store(model, rep)
-    if not any(rep.patched.values()) and families:
+    # the causal-mask patch is transformers-wide: a model of which nothing else was patched still says so
+    patched_here = any(count for kind, count in rep.patched.items() if kind != "attention")
+    if not patched_here and families:
         # recognised, but every piece asked for is one the family's code keeps (e.g. Granite's scaled logits)
         off = [piece for piece, on in dict(rope=rope, mlp=mlp, norm=norm, loss=loss).items() if not on]
         left = "; ".join(f"{kind}: " + ", ".join(f"{k} ({why})" for k, why in sorted(d.items()))
@@ -125,7 +133,7 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
         warnings.warn(f"npu_liger: {type(model).__name__} is of the family {', '.join(rep.families)}, but nothing was "
                       f"patched: what was asked for is left to transformers, because {left}"
                       + (f" (turned off by the call: {', '.join(off)})" if off else ""), stacklevel=2)
-    elif not any(rep.patched.values()):
+    elif not patched_here:
         supported = ", ".join(FAMILIES)
         warnings.warn(f"npu_liger: {type(model).__name__} contains no module of a supported family ({supported}) "
                       f"and no module of a form npu_liger recognises; nothing patched ({rep.summary()})",
@@ -164,9 +172,11 @@ def _note_left(model: nn.Module, rep: "report.PatchReport", flags: dict) -> None
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``apply_to_model``: every patched module of ``model`` gets its original forward back, and the
-    module-level rotary functions of its families are restored (for every model of those families)."""
+    module-level rotary functions of its families and transformers' causal-mask function are restored (for every
+    model of those families, and every model)."""
     for module in model.modules():
         _patching.restore_instance(module)
+    restore_causal_mask()
     for family in _families_in(model):
         restore_rope(family)
     for module in _modeling_modules(model):
@@ -205,12 +215,15 @@ def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool, rope: bool 
 
 
 def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding: bool = False,
-                    norm: bool = True, loss: bool = True) -> None:
+                    norm: bool = True, loss: bool = True, causal_mask: bool = True) -> None:
     """Patch a family before its models are built: its rotary functions now, and a hook on its decoder
     model class so every model constructed afterwards has its MLPs (and embedding) patched. Calling again
-    replaces the previous settings; ``revert(name)`` restores transformers' code."""
+    replaces the previous settings; ``revert(name)`` restores transformers' code (``revert()`` also the
+    process-wide ``causal_mask`` patch, see ``apply_to_model``)."""
     family = _family(name)
     module = family.load()
+    if causal_mask:
+        patch_causal_mask()
     if rope:
         patch_rope(family)
     else:

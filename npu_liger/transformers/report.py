@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 LOGGER = logging.getLogger("npu_liger.transformers")
-KINDS = ("norm", "mlp", "experts", "rope", "loss", "embedding")
+KINDS = ("norm", "mlp", "experts", "rope", "loss", "embedding", "attention")
 
 
 @dataclass
