@@ -308,8 +308,8 @@ def run_variant(job: dict) -> dict:
 # Kernel families of a profile, matched in order on the lower-cased kernel name, after the Triton kernels of
 # npu_liger and of Liger-Kernel (by their Python names). Inductor's generated kernels are "triton_poi/red/per_...".
 KERNEL_GROUPS = (
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),  # before matmul: cuDNN's names say "wgmma"
     ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "wgmma", "splitk")),
-    ("attention", ("flash", "fmha", "attention", "cudnn")),
     ("optimizer", ("multi_tensor", "adam")),
     ("inductor", ("triton_poi", "triton_red", "triton_per", "triton_tem")),
     ("copy/fill", ("memcpy", "memset", "copy", "fill")),
