@@ -1,6 +1,7 @@
-"""npu_liger.transformers' causal-mask patch: while torch.compile traces a batch without padding, SDPA gets
-``attn_mask=None, is_causal=True`` (as in eager mode), the compiled model gives the eager model's loss and
-gradients, and torch.export, padding masks and sliding windows keep transformers' own answer.
+"""npu_liger.transformers' causal-mask patch: while torch.compile traces a training batch without padding or
+explicit positions, SDPA gets ``attn_mask=None, is_causal=True`` (as in eager mode), the compiled model gives the
+eager model's loss and gradients, and torch.export, padding masks, packed positions and sliding windows keep
+transformers' own answer.
 
 The SDPA call's arguments are read from the graph Dynamo hands its backend, so the check does not depend on which
 kernel a device picks. fp32 throughout: the masked and the causal formula are the same sums, so the compiled and
@@ -104,13 +105,26 @@ def test_unpatch_and_revert_restore_transformers_function(transformers_mask_func
     assert masking_utils._ignore_causal_mask_sdpa is original
     nlt.apply_to_model(model, rope=False, mlp=False, norm=False, loss=False, causal_mask=False)
     assert masking_utils._ignore_causal_mask_sdpa is original
+    assert "forward" not in vars(model.model)  # the decoder model's default-positions mark is off too
+
+
+def test_family_patch_marks_models_built_afterwards(transformers_mask_function):
+    nlt.apply_npu_liger_to_llama(rope=False, mlp=False, norm=False, loss=False)
+    try:
+        model = _llama()
+        assert "forward" in vars(model.model) and "forward" not in vars(model)
+        assert causal_mask.causal_mask_patched()
+    finally:
+        nlt.revert()
+    assert masking_utils._ignore_causal_mask_sdpa is transformers_mask_function
 
 
 def _llama():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                      max_position_embeddings=64, attn_implementation="sdpa")
+                                      max_position_embeddings=64, attn_implementation="sdpa",
+                                      use_cache=False)  # training: no cache, so transformers looks for packing
     return transformers.LlamaForCausalLM(config).to(DEVICE).train()
 
 
@@ -127,34 +141,38 @@ class _SdpaCalls:
         return gm.forward
 
 
-def _loss_and_grads(run, model, ids, mask):
+def _loss_and_grads(run, model, ids, mask, positions):
     model.zero_grad(set_to_none=True)
-    loss = run(input_ids=ids, attention_mask=mask, labels=ids).loss
+    loss = run(input_ids=ids, attention_mask=mask, position_ids=positions, labels=ids).loss
     loss.backward()
     return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["no_padding", "padding_mask"])
-def test_compiled_model_runs_causal_sdpa_and_matches_eager(padded, transformers_mask_function):
+@pytest.mark.parametrize("batch", ["plain", "padding_mask", "packed_positions", "plain_positions"])
+def test_compiled_model_runs_causal_sdpa_and_matches_eager(batch, transformers_mask_function):
     model = _llama()
     ids = torch.randint(3, 64, (2, 8), device=DEVICE)
-    mask = None
-    if padded:
+    mask = positions = None
+    if batch == "padding_mask":
         mask = torch.ones(2, 8, dtype=torch.long, device=DEVICE)
         mask[1, :3] = 0  # left padding in the second row
-    expected = _loss_and_grads(model, model, ids, mask)
+    elif batch == "packed_positions":  # two sequences (5 + 3 tokens) packed in each row
+        positions = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2], device=DEVICE).expand(2, 8)
+    elif batch == "plain_positions":  # given explicitly: transformers' packing test decides (compiled: a mask)
+        positions = torch.arange(8, device=DEVICE).expand(2, 8)
+    expected = _loss_and_grads(model, model, ids, mask, positions)
     nlt.apply_to_model(model, rope=False, mlp=False, norm=False, loss=False)  # only the causal-mask patch
     try:
         backend = _SdpaCalls()
         torch._dynamo.reset()
-        got = _loss_and_grads(torch.compile(model, backend=backend, fullgraph=True), model, ids, mask)
+        got = _loss_and_grads(torch.compile(model, backend=backend, fullgraph=True), model, ids, mask, positions)
     finally:
         nlt.unpatch(model)
     assert len(backend.calls) == 2  # one per layer
     for attn_mask, is_causal in backend.calls:
-        if padded:  # the padding must reach attention: transformers' mask tensor
-            assert attn_mask is not None
-        else:
+        if batch == "plain":
             assert attn_mask is None and is_causal is True
+        elif batch != "plain_positions":  # padding and packing must reach attention: transformers' mask tensor
+            assert attn_mask is not None
     for e, g in zip(expected, got):
         assert rel_error(g, e) <= FP32_RTOL

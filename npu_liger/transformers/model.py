@@ -13,7 +13,7 @@ from typing import Iterator, List, Tuple
 from torch import nn
 
 from . import _patching, report
-from .causal_mask import patch_causal_mask, restore_causal_mask
+from .causal_mask import patch_causal_mask, patch_default_positions, restore_causal_mask
 from .report import patch_report
 from .families import (FAMILIES, FAMILY_BY_MODULE, Family, patch_rope, patch_structural_rope, restore_rope,
                        restore_structural_rope, rope_patched, structural_rope_patched)
@@ -119,8 +119,8 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
         _patch_modules(model, mlp=mlp, embedding=embedding, norm=norm)
         if loss:
             patch_losses(model)
-        if causal_mask:
-            patch_causal_mask()
+        if causal_mask and patch_causal_mask():
+            patch_default_positions(model)
         _note_left(model, rep, dict(rope=rope, mlp=mlp, norm=norm, loss=loss))
     report.store(model, rep)
     # the causal-mask patch is transformers-wide: a model of which nothing else was patched still says so
@@ -198,7 +198,8 @@ def patch_summary(model: nn.Module) -> dict:
     return {"mlp": dict(ops), "rope": rope, "embedding": embeddings, "norm": norm_summary(model), "loss": losses}
 
 
-def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool, rope: bool = False) -> None:
+def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool, rope: bool = False,
+               causal_mask: bool = False) -> None:
     """Make ``cls.__init__`` patch each new instance (its MLPs, its embedding, its norms, and with ``rope`` the
     rotary functions of the modules it is built from: a vision-language model's language model) once
     constructed."""
@@ -209,6 +210,8 @@ def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool, rope: bool 
         _patch_modules(self, mlp=mlp, embedding=embedding, norm=norm)
         if rope:
             _patch_rope(self)
+        if causal_mask:
+            patch_default_positions(self)
 
     functools.update_wrapper(__init__, original)  # keeps the signature transformers inspects
     _patching.set_attr(cls, "__init__", __init__)
@@ -222,8 +225,7 @@ def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding
     process-wide ``causal_mask`` patch, see ``apply_to_model``)."""
     family = _family(name)
     module = family.load()
-    if causal_mask:
-        patch_causal_mask()
+    causal_mask = causal_mask and patch_causal_mask()
     if rope:
         patch_rope(family)
     else:
@@ -232,8 +234,8 @@ def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding
         cls = getattr(module, cls_name, None)
         if cls is None:
             continue
-        if mlp or embedding or norm or rope:
-            _hook_init(cls, mlp=mlp, embedding=embedding, norm=norm, rope=rope)
+        if mlp or embedding or norm or rope or causal_mask:
+            _hook_init(cls, mlp=mlp, embedding=embedding, norm=norm, rope=rope, causal_mask=causal_mask)
         else:
             _patching.restore_attr(cls, "__init__")
     hook_family_losses(name, loss)
