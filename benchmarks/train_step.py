@@ -17,6 +17,7 @@ Models are built from configs (no downloads), default size: 8 layers, hidden 204
     liger_full          apply_liger_kernel_to_<family>() with its defaults (Liger's full patch)
     hf_compiled         torch.compile(model) of the unpatched model
     npu_liger_compiled  torch.compile(apply_to_model(model))
+    hf_compiled_causal_mask        torch.compile of HF with npu_liger's causal_mask patch alone (no kernel of ours)
     npu_liger_compiled_launches    the same with NPU_LIGER_INDUCTOR_LAUNCHES=1 (Inductor launches our kernels)
     hf_compiled_cudagraphs         torch.compile(model, mode="reduce-overhead"): CUDA graphs
     npu_liger_compiled_cudagraphs  the same of apply_to_model(model), NPU_LIGER_INDUCTOR_LAUNCHES=1
@@ -86,7 +87,7 @@ FAMILIES = {
 
 @dataclass(frozen=True)
 class Variant:
-    npu_liger: Optional[str] = None  # None, "same" (Liger's partial patch's ops) or "full" (defaults)
+    npu_liger: Optional[str] = None  # None, "same" (Liger's partial patch's ops), "full" (defaults), "causal_mask"
     liger: Optional[str] = None  # likewise for Liger-Kernel
     compiled: bool = False
     experts: Optional[str] = None  # transformers' experts_implementation (None: its default, grouped_mm where it can)
@@ -103,6 +104,7 @@ VARIANTS = {
     "liger_full": Variant(liger="full"),
     "hf_compiled": Variant(compiled=True),
     "npu_liger_compiled": Variant(npu_liger="full", compiled=True),
+    "hf_compiled_causal_mask": Variant(npu_liger="causal_mask", compiled=True),
     "npu_liger_compiled_launches": Variant(npu_liger="full", compiled=True, inductor_launches=True),
     "hf_compiled_cudagraphs": Variant(compiled=True, compile_mode="reduce-overhead"),
     "npu_liger_compiled_cudagraphs": Variant(npu_liger="full", compiled=True, compile_mode="reduce-overhead",
@@ -115,12 +117,14 @@ SAME_OPS = {"rope", "mlp", "swiglu", "geglu"}  # what Liger's partial patch (and
 def patch_kwargs(patch_fn, which: str) -> dict:
     """Keyword arguments of a patch function (npu_liger's ``apply_to_model`` or Liger's ``apply_liger_kernel_to_*``)
     for ``which``: "full" is the function's own defaults; "same" turns on rotary and the gated MLP and every other
-    boolean flag the installed version has (norms, losses, embedding, ...) off. Read from the signature, so flags
-    added later (npu_liger's ``norm``/``loss``) are switched off here without editing this file."""
+    boolean flag the installed version has (norms, losses, embedding, ...) off; "causal_mask" only npu_liger's
+    causal-mask patch. Read from the signature, so flags added later (npu_liger's ``norm``/``loss``) are switched
+    off here without editing this file."""
     if which == "full":
         return {}
+    wanted = {"causal_mask"} if which == "causal_mask" else SAME_OPS
     params = inspect.signature(patch_fn).parameters.values()
-    return {p.name: p.name in SAME_OPS for p in params if isinstance(p.default, bool)}
+    return {p.name: p.name in wanted for p in params if isinstance(p.default, bool)}
 
 
 def model_config(family: str, size: dict, experts_implementation: Optional[str] = None):
