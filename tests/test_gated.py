@@ -247,6 +247,37 @@ def test_down_projection_recomputes_the_gate_product(gop, dtype, monkeypatch):
 
 
 @gated
+def test_compiled_down_projection_recomputes_the_gate_product(gop, monkeypatch):
+    """Under torch.compile the gated MLP keeps for backward what the eager one keeps (not gate(a, b)): its
+    checkpointed region makes AOTAutograd's partitioner recompute our opaque gate op. Without the recomputation
+    (NPU_LIGER_MLP_RECOMPUTE=0) the compiled graph keeps the 4x16x88 product; the gradients are the same."""
+    mlp = gop.module(32, 88, bias=False).to(DEVICE)
+    x = randn((4, 16, 32))
+
+    def run():
+        saved = {}
+
+        def pack(t):
+            saved[t.untyped_storage().data_ptr()] = t.numel()
+            return t
+
+        xx = x.clone().requires_grad_(True)
+        mlp.zero_grad()
+        torch._dynamo.reset()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = torch.compile(mlp, backend="aot_eager", fullgraph=True)(xx)
+        out.backward(torch.ones_like(out))
+        return [xx.grad, *(p.grad.clone() for p in mlp.parameters())], sum(saved.values())
+
+    grads, saved = run()
+    monkeypatch.setenv("NPU_LIGER_MLP_RECOMPUTE", "0")
+    plain_grads, plain_saved = run()
+    assert plain_saved - saved == 4 * 16 * 88
+    for g, plain in zip(grads, plain_grads):
+        torch.testing.assert_close(g, plain)
+
+
+@gated
 @pytest.mark.parametrize(
     "a, b, error, match",
     [
