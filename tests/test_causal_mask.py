@@ -176,3 +176,28 @@ def test_compiled_model_runs_causal_sdpa_and_matches_eager(batch, transformers_m
             assert attn_mask is not None
     for e, g in zip(expected, got):
         assert rel_error(g, e) <= FP32_RTOL
+
+
+def test_marked_model_pickles_and_deep_copies():
+    """The decoder model's marked forward belongs to its model: a deep copy (or an unpickled model) runs its own
+    weights, and gives the loss of the unpatched copy."""
+    import copy
+    import pickle
+
+    model = _llama()
+    ids = torch.randint(3, 64, (2, 8), device=DEVICE)
+    nlt.apply_to_model(model, rope=False, mlp=False, norm=False, loss=False)
+    try:
+        for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            with torch.no_grad():
+                clone.model.embed_tokens.weight.mul_(2.0)  # the clone differs from the original
+                expected = model(input_ids=ids, labels=ids).loss
+                got = clone(input_ids=ids, labels=ids).loss
+            assert "forward" in vars(clone.model)
+            assert not torch.equal(got, expected), "the clone's forward ran the original model"
+            nlt.unpatch(clone)
+            with torch.no_grad():
+                assert torch.equal(clone(input_ids=ids, labels=ids).loss, got)
+            nlt.apply_to_model(model, rope=False, mlp=False, norm=False, loss=False)  # unpatch(clone) restored it
+    finally:
+        nlt.unpatch(model)

@@ -137,29 +137,32 @@ def _builds_masks(module) -> bool:
     return code is not None and not _MASK_BUILDERS.isdisjoint(code.co_names)
 
 
+def _forward_marking_default_positions(module, position_slot: int, *args, **kwargs):
+    """The decoder model's own forward (its class's), inside the default-positions mark when the call gives no
+    ``position_ids`` (by keyword or at its place ``position_slot`` among the positional arguments)."""
+    forward = type(module).forward
+    if kwargs.get("position_ids") is not None or len(args) > position_slot:
+        return forward(module, *args, **kwargs)
+    _DEFAULT_POSITIONS.depth += 1
+    try:
+        return forward(module, *args, **kwargs)
+    finally:
+        _DEFAULT_POSITIONS.depth -= 1
+
+
 def patch_default_positions(root) -> int:
     """Mark the calls without ``position_ids`` of every decoder model in ``root`` (modules whose forward builds
-    a causal mask and takes ``position_ids``); returns how many were marked."""
+    a causal mask and takes ``position_ids``); returns how many were marked. The instance's forward is a
+    ``functools.partial`` of a module-level function, so the model still pickles and deep-copies (a copy's
+    forward runs the copy)."""
     count = 0
     for module in root.modules():
         if "forward" in _patching.instance_patches(module) or not _builds_masks(module):
             continue
-        original = module.forward
-        names = list(inspect.signature(original).parameters)
+        names = list(inspect.signature(module.forward).parameters)
         if "position_ids" not in names:
             continue
-        slot = names.index("position_ids")
-
-        def forward(*args, _original=original, _slot=slot, **kwargs):
-            if kwargs.get("position_ids") is not None or len(args) > _slot:
-                return _original(*args, **kwargs)
-            _DEFAULT_POSITIONS.depth += 1
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                _DEFAULT_POSITIONS.depth -= 1
-
-        functools.update_wrapper(forward, original)
+        forward = functools.partial(_forward_marking_default_positions, module, names.index("position_ids"))
         _patching.set_instance_attr(module, "forward", forward)
         report.patched("attention", type(module).__name__, "default positions: not packed")
         count += 1
