@@ -327,16 +327,22 @@ KERNEL_GROUPS = (
 
 def triton_kernel_names(package: str) -> set:
     """Names of the ``@triton.jit`` functions in the imported modules of ``package`` (npu_liger's host-launched
-    kernels are ``LaunchedKernel`` wrappers that hold one as ``jit_function``)."""
+    kernels are ``LaunchedKernel`` wrappers that hold one as ``jit_function``; under the interpreter they are
+    ``InterpretedFunction``s)."""
     try:
         from triton.runtime.jit import JITFunction
     except ImportError:
         return set()
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        kinds = (JITFunction, InterpretedFunction)
+    except ImportError:
+        kinds = (JITFunction,)
     names = set()
     for name, module in list(sys.modules.items()):
         if module is not None and (name == package or name.startswith(package + ".")):
             names.update(attr for attr, value in vars(module).items()
-                         if isinstance(getattr(value, "jit_function", value), JITFunction))
+                         if isinstance(getattr(value, "jit_function", value), kinds))
     return names
 
 

@@ -32,6 +32,26 @@ def test_patch_kwargs_same_ops_turns_everything_else_off():
     same = train_step.patch_kwargs(apply_to_model, "same")
     assert same["rope"] is True and same["mlp"] is True
     assert all(value is False for name, value in same.items() if name not in ("rope", "mlp")), same
+    mask_only = train_step.patch_kwargs(apply_to_model, "causal_mask")  # hf_compiled_causal_mask: no kernel of ours
+    assert mask_only.pop("causal_mask") is True and not any(mask_only.values()), mask_only
+
+
+def test_profile_groups_kernels_by_their_names():
+    """--profile-steps sorts kernels: ours and Liger's by their Python names, vendors' by name fragments (cuDNN's
+    attention says "wgmma", so attention is matched before matmul)."""
+    import npu_liger  # noqa: F401 - imports every kernel module
+
+    ours = train_step.triton_kernel_names("npu_liger")
+    assert {"_fused_moe_gather_kernel", "_swiglu_fwd_kernel", "_rms_norm_bwd_kernel"} <= ours
+    assert train_step.kernel_group("_fused_moe_gather_kernel", ours) == "npu_liger kernels"
+    assert train_step.kernel_group("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26") == \
+        "attention"
+    assert train_step.kernel_group("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT") == "matmul"
+    assert train_step.kernel_group("triton_red_fused__to_copy_add_mean_11") == "inductor"
+    assert train_step.kernel_group("_fused_moe_gather_kernel") == "aten elementwise/reduce"  # without the names
+    text = train_step.profile_markdown([dict(family="llama", variant="x", profile=dict(
+        steps=2, wall_ms_per_step=80.0, kernel_ms_per_step=70.0, groups={"matmul": 50.0}, top=[["k", 50.0, 8]]))])
+    assert "wall 80.0 ms/step, kernels 70.0 ms/step" in text and "| matmul | 50.0 |" in text
 
 
 def test_smoke_run(tmp_path):
