@@ -50,7 +50,7 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
     else:
         OPAQUE_IN_GRAPHS[overload] = opaque_in_graphs or (
             "the Triton interpreter (CPU) runs the kernels" if interpreter_enabled()
-            else f"{INDUCTOR_LAUNCHES_ENV} is not 1 (the default until the GPU checks pass)")
+            else f"{INDUCTOR_LAUNCHES_ENV} is not 1 (the default: no measured gain, BENCHMARKS round twelve)")
     _KERNELS[overload] = serialized(trusted_kernel) if trusted_kernel is not None else kernel
     return overload
 
@@ -64,7 +64,8 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
 # or Dynamo's automatic dynamic after a size changes) keep the op opaque, so its tiles are still chosen at run
 # time, per call, and nothing recompiles. Other devices keep it opaque too: torch_npu's Inductor is not checked
 # here (no NPU), and the interpreter cannot run on fake tensors.
-# Opt-in while its GPU checks are incomplete (tests/test_inductor_launches.py; BENCHMARKS.md, round ten).
+# Opt-in: its GPU checks pass (BENCHMARKS.md, round eleven), but on the H200 training step it measured no gain
+# over the opaque ops (round twelve: 111.0k against 112.0k tokens/s), so the default keeps the simpler graphs.
 INDUCTOR_LAUNCHES_ENV = "NPU_LIGER_INDUCTOR_LAUNCHES"
 INDUCTOR_LAUNCHES = os.environ.get(INDUCTOR_LAUNCHES_ENV, "0") == "1"
 OPAQUE_IN_GRAPHS = {}  # op overload -> why compiled graphs call it as an opaque op
