@@ -105,8 +105,9 @@ def input_grad_rounding(x, gate_up, down, index, weights, grad_out):
             grad_act = weights[t, k] * (down[e].t() @ grad_out[t])  # the weight folded in, as grad_h carries it
             grad_gate, grad_up = grad_act * up * dsilu, grad_act * silu
             # rounding of h (gate, up) then of grad_h itself
-            err_gate = grad_act.abs() * (dsilu.abs() * up.abs() + up.abs() * d2silu.abs() * gate.abs()) + grad_gate.abs()
-            err_up = grad_act.abs() * dsilu.abs() * gate.abs() + grad_up.abs()
+            act_size, up_size, gate_size = grad_act.abs(), up.abs(), gate.abs()
+            err_gate = act_size * (dsilu.abs() * up_size + up_size * d2silu.abs() * gate_size) + grad_gate.abs()
+            err_up = act_size * dsilu.abs() * gate_size + grad_up.abs()
             slot = gate_w.t() @ grad_gate + up_w.t() @ grad_up
             grad_x[t] += slot
             bound[t] += gate_w.t().abs() @ err_gate + up_w.t().abs() @ err_up + slot.abs()  # + the slot's rounding
