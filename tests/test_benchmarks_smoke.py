@@ -90,3 +90,27 @@ def test_smoke_fused_linear_dpo_matches_the_unfused_formula(tmp_path):
     rows = {r["variant"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
     assert {"npu_liger", "eager"} <= set(rows)
     assert all(r["op"] == "fused_linear_dpo" and r["check"] == "ok" and r["fb_ms"] > 0 for r in rows.values())
+
+
+def test_memory_peak_replay_finds_the_allocations_alive_at_the_peak():
+    """benchmarks/memory_peak.py runs on CUDA only; its replay of the allocator's trace is plain Python."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.memory_peak import by_site, peak_allocations
+
+    def frame(path, line):
+        return [{"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"},
+                {"filename": f"/site/{path}", "line": line, "name": "f"}]
+
+    events = [
+        {"action": "free_completed", "addr": 99, "size": 7, "frames": []},  # held before the trace
+        {"action": "alloc", "addr": 1, "size": 100, "frames": frame("npu_liger/npu_ops/a.py", 10)},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": frame("transformers/models/b.py", 20)},
+        {"action": "free_requested", "addr": 1, "size": 100, "frames": []},  # not yet freed
+        {"action": "alloc", "addr": 3, "size": 30, "frames": frame("npu_liger/npu_ops/a.py", 10)},
+        {"action": "free_completed", "addr": 1, "size": 100, "frames": []},
+        {"action": "alloc", "addr": 4, "size": 60, "frames": frame("npu_liger/npu_ops/a.py", 11)},
+    ]
+    peak, alive = peak_allocations(events)
+    assert peak == 100 + 50 + 30 - 7
+    assert sorted(a["addr"] for a in alive) == [1, 2, 3]
+    assert by_site(alive) == [("npu_liger/npu_ops/a.py:10 f", 130, 2), ("transformers/models/b.py:20 f", 50, 1)]

@@ -116,13 +116,15 @@ def grouped_linear(a: torch.Tensor, w: torch.Tensor, routing, out_dtype=None) ->
     """``c[r] = a[r] @ w[e(r)].T`` (module docstring) in ``out_dtype`` (default a's). ``routing``:
     ``fused_moe.Routing``."""
     rows, n_cols = a.shape[0], w.shape[1]
-    c = torch.empty((rows, n_cols), dtype=out_dtype or a.dtype, device=a.device)
-    if rows == 0 or n_cols == 0:
-        return c
-    if torch_grouped_mm_applies(a, w.transpose(1, 2)):
+    if rows and n_cols and torch_grouped_mm_applies(a, w.transpose(1, 2)):
         # torch 2.13 wants the output in mat_a's dtype ("Grouped gemm output dtype must match `mat_a` dtype")
         c = torch._grouped_mm(a, w.transpose(1, 2), offs=routing.group_ends_i32())
         return c if out_dtype is None else c.to(out_dtype)
+    # allocated only here: an unused (T*K, H) buffer beside torch's output sat in the MoE backward's memory peak
+    # (benchmarks/memory_peak.py, BENCHMARKS round thirteen)
+    c = torch.empty((rows, n_cols), dtype=out_dtype or a.dtype, device=a.device)
+    if rows == 0 or n_cols == 0:
+        return c
     device = a.device.type
     tiles = routing.tiles
     n_col_blocks = cdiv(n_cols, tiles.block_n)

@@ -268,7 +268,7 @@ def fused_moe_backward(grad_out: torch.Tensor, x: torch.Tensor, gate_up_proj: to
     grad_rows = gather_rows(grad_out.to(x.dtype), routing)
     grad_act = grouped_linear(grad_rows, down_proj.transpose(1, 2), routing, torch.float32)  # fp32: feeds a dot
     grad_h, weighted_act, grad_w_rows = swiglu_rows_backward(grad_act, h, top_k_weights, routing)
-    del grad_act
+    del grad_act, h  # a recomputed h is freed here (a saved one stays with autograd until the backward returns)
     zero = torch.zeros((), dtype=torch.float32, device=x.device)
     grad_w = torch.where(routing.valid_slots(), grad_w_rows[routing.pos], zero)
     grad_w = grad_w.view(top_k_weights.shape).to(top_k_weights.dtype)
