@@ -242,9 +242,13 @@ def test_unknown_family_is_patched_by_structure(monkeypatch):
 
     from transformers.models.llama import modeling_llama
 
+    from npu_liger.transformers import _patching
+
     module = types.ModuleType("transformers.models.mystery.modeling_mystery")
     for name in ("rotate_half", "apply_rotary_pos_emb"):
         function = getattr(modeling_llama, name)
+        if _patching.is_hub_function(function):  # kernels installed (transformers >= 5.25): a Func module
+            function = _patching.wrapped_function(function)
         setattr(module, name, types.FunctionType(function.__code__, vars(module), name, function.__defaults__))
     monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
     model = _build("ministral").__class__  # any Llama-like; below, Llama with renamed classes

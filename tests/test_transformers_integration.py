@@ -396,10 +396,14 @@ def test_norm_flag_and_every_rms_norm_patched():
     assert counter.counts == {"rms_norm": n_norms}, counter.counts
 
 
+# Llama-4's weightless qk norm: Llama4TextL2Norm up to transformers 5.24, Llama4TextWeightlessRMSNorm from 5.25
+LLAMA4_QK_NORMS = ("Llama4TextL2Norm", "Llama4TextWeightlessRMSNorm")
+
+
 def test_llama4_weightless_qk_norm_is_patched():
-    """Llama-4's qk norm (Llama4TextL2Norm) has no weight: rms_norm without one, the same output and gradient."""
+    """Llama-4's qk norm has no weight: rms_norm without one, the same output and gradient."""
     model = _build("llama4")
-    qk_norms = [m for m in model.modules() if type(m).__name__ == "Llama4TextL2Norm"]
+    qk_norms = [m for m in model.modules() if type(m).__name__ in LLAMA4_QK_NORMS]
     assert qk_norms, "the test model has no qk norm (use_qk_norm)"
     norm = qk_norms[0]
     x = torch.randn(2, 5, 4, 8, generator=torch.Generator().manual_seed(6)).to(DEVICE).requires_grad_(True)
@@ -413,7 +417,7 @@ def test_llama4_weightless_qk_norm_is_patched():
     ref = run()
     nlt.apply_to_model(model, rope=False, mlp=False)
     norms = nlt.patch_summary(model)["norm"]["rms_norm"]
-    assert norms == sum(type(m).__name__ in ("Llama4TextRMSNorm", "Llama4TextL2Norm") for m in model.modules())
+    assert norms == sum(type(m).__name__ in ("Llama4TextRMSNorm", *LLAMA4_QK_NORMS) for m in model.modules())
     with CountOps() as counter:
         got = run()
     assert counter.counts == {"rms_norm": 1, "rms_norm_backward": 1}, counter.counts

@@ -12,8 +12,7 @@ Two kinds of change:
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Tuple
-
+from typing import Any, Dict, Optional, Tuple
 
 
 class _Missing:
@@ -102,3 +101,60 @@ def restore_everything() -> int:
         owner = _ORIGINALS[(owner_id, name)][0]
         count += restore_attr(owner, name)
     return count
+
+
+# With the ``kernels`` package installed (a dependency of transformers from 5.25 on; before, only where a user
+# installed it), transformers' ``@use_kernel_forward_from_hub`` turns a modeling module's function into an instance
+# of a ``kernels`` ``Func`` module (an ``nn.Module`` calling the function), and ``@use_kernelized_func`` gives each
+# attention layer its own copy, which unpickles as ``type(<modeling module>.<name>)()``. That object must stay where
+# it is (a plain function in its place breaks unpickling and ``torch.load`` of every such model): its ``forward`` is
+# patched instead, on the instance, as ``kernels.kernelize`` does.
+def is_hub_function(value: Any) -> bool:
+    """``value`` is a function made a ``kernels`` ``Func`` module (a module instance whose class names a hub
+    kernel layer)."""
+    import torch.nn
+
+    return isinstance(value, torch.nn.Module) and hasattr(type(value), "kernel_layer_name")
+
+
+def wrapped_function(value: Any) -> Optional[Any]:
+    """The plain function a ``kernels`` ``Func`` module calls (the ``func`` its class's ``forward`` closes over);
+    None where it cannot be found."""
+    import inspect
+
+    try:
+        function = inspect.getclosurevars(type(value).forward).nonlocals.get("func")
+    except (TypeError, AttributeError):
+        return None
+    return function if inspect.isfunction(function) else None
+
+
+def set_function(module: Any, name: str, function: Any) -> None:
+    """Make calls of ``module.name`` run ``function``: ``set_attr``, or for a hub ``Func`` module its ``forward``."""
+    current = getattr(module, name)
+    if is_hub_function(current):
+        set_instance_attr(current, "forward", function)
+    else:
+        set_attr(module, name, function)
+
+
+def called_function(module: Any, name: str) -> Any:
+    """What a call of ``module.name`` runs now: the attribute, or a hub ``Func`` module's own ``forward`` (itself
+    where that is not patched)."""
+    current = getattr(module, name, None)
+    return current.__dict__.get("forward", current) if is_hub_function(current) else current
+
+
+def is_function_patched(module: Any, name: str) -> bool:
+    current = getattr(module, name, None)
+    if is_hub_function(current):
+        return "forward" in instance_patches(current)
+    return is_attr_patched(module, name)
+
+
+def restore_function(module: Any, name: str) -> bool:
+    """Undo ``set_function``; returns whether anything was patched."""
+    current = getattr(module, name, None)
+    if is_hub_function(current):
+        return restore_instance(current)
+    return restore_attr(module, name)

@@ -8,6 +8,9 @@ Two checks, used throughout ``npu_liger.transformers``:
   decorators, annotations or comments, its parameters renamed by position. Two functions with the same canonical
   form compute the same thing from the same attributes (``self.weight``, ``self.variance_epsilon``, ...), so a
   patch verified on one applies to the other.
+
+Both read a function that transformers made a ``kernels`` ``Func`` module (``_patching.is_hub_function``) as the
+function it wraps.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ import inspect
 import textwrap
 from typing import Optional
 
+from ._patching import is_hub_function, wrapped_function
+
 
 def _text(obj) -> Optional[str]:
+    if is_hub_function(obj):  # a function transformers made a kernels Func module: its code is the function's
+        obj = wrapped_function(obj)
+        if obj is None:
+            return ""  # not found: code of no known form (no fragment matches, no canonical form), not "no source"
     try:
         return textwrap.dedent(inspect.getsource(obj))
     except (OSError, TypeError):

@@ -237,7 +237,7 @@ def patch_rope(family: Family) -> list:
                           f"different transformers version?); left as it is", stacklevel=3)
             report.leave("rope", f"{family.name}.{fname}", "source changed", warn=False)
         else:
-            _patching.set_attr(module, fname, dropin)
+            _patching.set_function(module, fname, dropin)
             report.patched("rope", f"{family.name}.{fname}", op)
             patched.append(fname)
     return patched
@@ -246,12 +246,12 @@ def patch_rope(family: Family) -> list:
 def restore_rope(family: Family) -> None:
     module = family.load()
     for fname, *_ in family.rope:
-        _patching.restore_attr(module, fname)
+        _patching.restore_function(module, fname)
 
 
 def rope_patched(family: Family) -> list:
     module = family.load()
-    return [fname for fname, dropin, *_ in family.rope if getattr(module, fname, None) is dropin]
+    return [fname for fname, dropin, *_ in family.rope if _patching.called_function(module, fname) is dropin]
 
 
 @functools.lru_cache(maxsize=None)
@@ -293,7 +293,7 @@ def patch_structural_rope(module: ModuleType) -> list:
             report.leave("rope", f"{short}.{fname}", "not a rotary form npu_liger computes", warn=False)
             continue
         dropin, op = entry
-        _patching.set_attr(module, fname, dropin)
+        _patching.set_function(module, fname, dropin)
         report.patched("rope", f"{short}.{fname}", op)
         patched.append(fname)
     return patched
@@ -301,12 +301,12 @@ def patch_structural_rope(module: ModuleType) -> list:
 
 def restore_structural_rope(module: ModuleType) -> None:
     for fname in STRUCTURAL_ROPE_NAMES:
-        _patching.restore_attr(module, fname)
+        _patching.restore_function(module, fname)
 
 
 def structural_rope_patched(module: ModuleType) -> list:
     short = module.__name__.rsplit(".", 1)[-1].replace("modeling_", "")
-    return [f"{short}.{fname}" for fname in STRUCTURAL_ROPE_NAMES if _patching.is_attr_patched(module, fname)]
+    return [f"{short}.{fname}" for fname in STRUCTURAL_ROPE_NAMES if _patching.is_function_patched(module, fname)]
 
 
 _source = squeezed
