@@ -16,7 +16,7 @@ from checklist import (DEVICE, UNIT_ROUNDOFF, assert_close, assert_compiled_forw
                        assert_unchanged, in_layout, randn, rel_error, run_opcheck, snapshot, to_float64)
 from npu_liger.npu_ops import _grouped_mm
 from npu_liger.npu_ops import fused_moe as moe_ops
-from npu_liger.registrations.fused_moe import backward_op, fused_moe_op, with_saved_op
+from npu_liger.registrations.fused_moe import backward_down_op, backward_gate_up_op, fused_moe_op, with_saved_op
 from op_cases import fused_moe_reference
 
 transformers = pytest.importorskip("transformers")
@@ -261,9 +261,47 @@ def test_only_the_needed_gradients():
     out = npu_liger.fused_moe(x.requires_grad_(), gate_up, down, index, weights)  # frozen experts
     out.sum().backward()
     assert x.grad is not None and gate_up.grad is None
-    gx, ggu, gd, gw = backward_op(torch.ones_like(out), x.detach(), gate_up, down, index, weights,
-                                  with_saved_op(x.detach(), gate_up, down, index, weights)[1], True, False)
+    h = with_saved_op(x.detach(), gate_up, down, index, weights)[1]
+    grad_h, gd, gw = backward_down_op(torch.ones_like(out), x.detach(), gate_up, down, index, weights, h, False)
+    gx, ggu = backward_gate_up_op(grad_h, x.detach(), gate_up, index, True, False)
     assert ggu.shape == (0,) and gd.shape == (0,) and torch.allclose(gx, x.grad)
+
+
+def test_retained_graph_second_backward_recomputes_the_freed_projections():
+    """The eager backward lets the saved gate/up projections go halfway; a second backward over a retained graph
+    recomputes them and gives the same gradients."""
+    leaves = [a.detach().requires_grad_(a.is_floating_point()) for a in make(11, 32, 4, 16, 2)]
+    out = npu_liger.fused_moe(*leaves)
+    grad = randn(out.shape)
+    first = torch.autograd.grad(out, [leaves[i] for i in (0, 1, 2, 4)], grad, retain_graph=True)
+    second = torch.autograd.grad(out, [leaves[i] for i in (0, 1, 2, 4)], grad)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_eager_backward_frees_the_projections_before_its_second_step(monkeypatch):
+    """h (the (T*K, 2I) gate/up projections) is not alive while the second step builds its buffers: the step
+    that reads it last is followed by its release, not by the end of the backward."""
+    import weakref
+
+    from npu_liger.registrations import _op
+
+    seen = {}
+    down_step, gate_up_step = _op._KERNELS[backward_down_op], _op._KERNELS[backward_gate_up_op]
+
+    def down(*args):
+        seen["h"] = weakref.ref(args[6])
+        return down_step(*args)
+
+    def gate_up(*args):
+        seen["alive in step two"] = seen["h"]() is not None
+        return gate_up_step(*args)
+
+    monkeypatch.setitem(_op._KERNELS, backward_down_op, down)
+    monkeypatch.setitem(_op._KERNELS, backward_gate_up_op, gate_up)
+    leaves = [a.detach().requires_grad_(a.is_floating_point()) for a in make(9, 16, 3, 8, 2)]
+    npu_liger.fused_moe(*leaves).sum().backward()
+    assert seen["alive in step two"] is False and leaves[1].grad is not None
 
 
 def _layout(shape, order, step):
@@ -384,7 +422,9 @@ def test_opcheck():
     out, h = with_saved_op(*args)
     run_opcheck(with_saved_op, args)
     run_opcheck(fused_moe_op, args)
-    run_opcheck(backward_op, (randn(out.shape), *args, h, True, True))
+    run_opcheck(backward_down_op, (randn(out.shape), *args, h, True))
+    grad_h = backward_down_op(randn(out.shape), *args, h, True)[0]
+    run_opcheck(backward_gate_up_op, (grad_h, args[0], args[1], args[3], True, True))
 
 
 def test_bad_inputs():

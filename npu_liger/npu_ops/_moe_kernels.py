@@ -79,16 +79,17 @@ def _fused_moe_swiglu_fwd_kernel(h_ptr, act_ptr, bounds_ptr, n_rows, n_tasks, n_
         tl.store(gate_ptrs + inter, up.to(h_ptr.dtype.element_ty), mask=tail)
 
 
-@launched_kernel(do_not_specialize=["n_row_blocks"])
+@launched_kernel(do_not_specialize=["n_rows", "n_row_blocks"])
 def _fused_moe_swiglu_bwd_kernel(grad_act_ptr, h_ptr, weights_ptr, order_ptr, bounds_ptr, grad_h_ptr, wact_ptr,
-                                 grad_w_ptr, n_row_blocks, inter, top_k, num_experts, stride_wt, stride_wk,
+                                 grad_w_ptr, n_rows, n_row_blocks, inter, top_k, num_experts, stride_wt, stride_wk,
                                  BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
     """Per sorted row r (slot s = order[r], weight w = weights[s // K, s % K]), with ``ga = grad_out[token] @
     down_proj[e]`` (the unweighted gradient of the SwiGLU product) and the product ``act`` recomputed from h (and
     rounded to the dtype the forward's act had, so the gradients are those of the forward as computed):
     ``grad_h = [w * ga * d silu(gate) * up, w * ga * silu(gate)]``, ``wact = w * act`` (for down_proj's gradient)
     and ``grad_w[r] = sum_i ga * act`` (the routing weight's gradient, ``grad_out . expert output``). Task = a
-    block of rows; the columns are looped."""
+    block of rows; the columns are looped. grad_h is an operator output, so the rows past the served ones (slots
+    served elsewhere) get zeros (their loads are masked to 0) rather than whatever the buffer held."""
     n_valid = tl.load(bounds_ptr + num_experts)
     for block in tl.range(program_start(1), n_row_blocks, grid_stride(1)):
         rows = block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
@@ -100,6 +101,7 @@ def _fused_moe_swiglu_bwd_kernel(grad_act_ptr, h_ptr, weights_ptr, order_ptr, bo
         for col_start in tl.range(0, inter, BLOCK_I):
             cols = col_start + tl.arange(0, BLOCK_I).to(tl.int64)
             mask = row_mask[:, None] & (cols < inter)[None, :]
+            out_mask = (rows < n_rows)[:, None] & (cols < inter)[None, :]
             ga = tl.load(grad_act_ptr + rows[:, None] * inter + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             h_ptrs = rows[:, None] * (2 * inter) + cols[None, :]
             gate = tl.load(h_ptr + h_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -110,8 +112,8 @@ def _fused_moe_swiglu_bwd_kernel(grad_act_ptr, h_ptr, weights_ptr, order_ptr, bo
             dot += tl.sum(ga * act, axis=1)
             weighted = ga * w[:, None]
             d_silu = s * (1.0 + gate * (1.0 - s))
-            tl.store(grad_h_ptr + h_ptrs, (weighted * up * d_silu).to(grad_h_ptr.dtype.element_ty), mask=mask)
-            tl.store(grad_h_ptr + h_ptrs + inter, (weighted * silu).to(grad_h_ptr.dtype.element_ty), mask=mask)
+            tl.store(grad_h_ptr + h_ptrs, (weighted * up * d_silu).to(grad_h_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(grad_h_ptr + h_ptrs + inter, (weighted * silu).to(grad_h_ptr.dtype.element_ty), mask=out_mask)
             tl.store(wact_ptr + rows[:, None] * inter + cols[None, :],
                      (act * w[:, None]).to(wact_ptr.dtype.element_ty), mask=mask)
         tl.store(grad_w_ptr + rows, dot, mask=row_mask)

@@ -34,6 +34,9 @@ Backward, for the incoming gradient g (T, H):
     grad_gate_up_proj[e] = grad_h[rows of e].T @ xs[rows of e]          (xs gathered again)
     grad_x[t]            = sum_k (grad_h @ gate_up_proj[e])[row of (t, k)]   (the combine, unweighted)
 
+in two steps (``fused_moe_backward_down``: up to grad_down_proj, the last reader of h; then
+``fused_moe_backward_gate_up``), so that h is freed before the second step's buffers exist.
+
 Saved for backward: the inputs (x, both weight tensors, index, weights: no copies) and h, the (T*K, 2I) gate/up
 projections in x's dtype. Not saved: the gathered xs and gs (T*K, H; gathered again, a copy), the SwiGLU product
 (T*K, I; recomputed in the backward row kernel, as the dense MLP's ``gated_down_proj`` recomputes its gate
@@ -210,7 +213,7 @@ def swiglu_rows_backward(grad_act: torch.Tensor, h: torch.Tensor, weights: torch
     plan, block_r, block_i = _plan(h.device.type, n_rows, inter, SWIGLU_BWD_MEMORY_MULTIPLIER)
     n_row_blocks = cdiv(n_rows, block_r)
     _fused_moe_swiglu_bwd_kernel[(plan.grid(n_row_blocks),)](
-        grad_act, h, weights, routing.order, routing.bounds, grad_h, wact, grad_w, n_row_blocks, inter,
+        grad_act, h, weights, routing.order, routing.bounds, grad_h, wact, grad_w, n_rows, n_row_blocks, inter,
         routing.top_k, routing.num_experts, weights.stride(0), weights.stride(1), BLOCK_R=block_r, BLOCK_I=block_i,
         **plan.launch_options())
     return grad_h, wact, grad_w
@@ -250,40 +253,69 @@ def fused_moe_forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: to
     return combine(y, routing, top_k_weights, x.dtype), h
 
 
-def fused_moe_backward(grad_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
-                       top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up_out: torch.Tensor,
-                       grad_x: bool = True, grad_experts: bool = True
-                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(grad_x, grad_gate_up_proj, grad_down_proj, grad_top_k_weights). ``gate_up_out``: the forward's h, or an
-    empty tensor to recompute it. Gradients not asked for (``grad_x``, ``grad_experts``: both weight tensors) are
-    empty (0,) tensors."""
+def _check_backward_inputs(grad_out, x, gate_up_proj, down_proj, top_k_index, top_k_weights) -> None:
     check_fused_moe_inputs(x, gate_up_proj, down_proj, top_k_index, top_k_weights)
     check_float_tensor("grad_out", grad_out)
     if grad_out.shape != x.shape:
         raise ValueError(f"grad_out must have the shape of x {tuple(x.shape)}, got {tuple(grad_out.shape)}")
     require_launchable(x.device)
-    experts = gate_up_proj.shape[0]
-    routing = Routing(top_k_index, experts, tiles_for(x.device.type))
+
+
+def _empty(x: torch.Tensor) -> torch.Tensor:
+    """A gradient not asked for."""
+    return torch.empty((0,), dtype=x.dtype, device=x.device)
+
+
+# The backward is two steps, so that h (the forward's gate/up projections, saved for the backward) can be freed
+# between them: the first reads it last, the second builds the largest buffers (a (T*K, H) gather and the
+# gate_up_proj gradient). Each step drops every (T*K, ...) buffer it made as soon as their last product is done;
+# the step boundary is where the caller lets h go (the eager formula hands it over, torch.compile's backward frees
+# a saved tensor after its last use).
+def fused_moe_backward_down(grad_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor,
+                            down_proj: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                            gate_up_out: torch.Tensor, grad_experts: bool = True
+                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step one, through down_proj and the SwiGLU: (grad_h (T*K, 2I), grad_down_proj (empty unless
+    ``grad_experts``), grad_top_k_weights). ``gate_up_out``: the forward's h, or an empty tensor to recompute it."""
+    _check_backward_inputs(grad_out, x, gate_up_proj, down_proj, top_k_index, top_k_weights)
+    routing = Routing(top_k_index, gate_up_proj.shape[0], tiles_for(x.device.type))
     h = gate_up_out if gate_up_out.numel() or routing.order.numel() == 0 else _gate_up(x, gate_up_proj, routing)
+    del gate_up_out
     grad_rows = gather_rows(grad_out.to(x.dtype), routing)
     grad_act = grouped_linear(grad_rows, down_proj.transpose(1, 2), routing, torch.float32)  # fp32: feeds a dot
     grad_h, weighted_act, grad_w_rows = swiglu_rows_backward(grad_act, h, top_k_weights, routing)
-    del grad_act, h  # a recomputed h is freed here (a saved one stays with autograd until the backward returns)
+    del grad_act, h  # a recomputed h is freed here
     zero = torch.zeros((), dtype=torch.float32, device=x.device)
     grad_w = torch.where(routing.valid_slots(), grad_w_rows[routing.pos], zero)
     grad_w = grad_w.view(top_k_weights.shape).to(top_k_weights.dtype)
-    def empty():
-        return torch.empty((0,), dtype=x.dtype, device=x.device)
+    grad_down = grouped_weight_grad(grad_rows, weighted_act, routing) if grad_experts else _empty(x)
+    return grad_h, grad_down, grad_w
 
-    # Each (T*K, ...) buffer is released as soon as its last product is done: the backward's peak is at most
-    # h, grad_h and one (T*K, H) buffer beside the gradients themselves.
-    grad_gate_up, grad_down = empty(), empty()
-    if grad_experts:
-        grad_down = grouped_weight_grad(grad_rows, weighted_act, routing)
-    del grad_rows, weighted_act
-    if grad_experts:
-        grad_gate_up = grouped_weight_grad(grad_h, gather_rows(x, routing), routing)
-    gx = empty()
-    if grad_x:
-        gx = combine(grouped_linear(grad_h, gate_up_proj.transpose(1, 2), routing), routing, None, x.dtype)
+
+def fused_moe_backward_gate_up(grad_h: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor,
+                               top_k_index: torch.Tensor, grad_x: bool = True, grad_experts: bool = True
+                               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Step two, from grad_h: (grad_x, grad_gate_up_proj), each empty unless asked for."""
+    check_float_tensor("grad_h", grad_h)
+    n_slots = top_k_index.numel()
+    if grad_h.shape != (n_slots, gate_up_proj.shape[1]) or grad_h.dtype != x.dtype:
+        raise ValueError(f"grad_h must be ({n_slots}, {gate_up_proj.shape[1]}) in {x.dtype}, got "
+                         f"{tuple(grad_h.shape)} in {grad_h.dtype}")
+    require_launchable(x.device)
+    routing = Routing(top_k_index, gate_up_proj.shape[0], tiles_for(x.device.type))
+    gx = combine(grouped_linear(grad_h, gate_up_proj.transpose(1, 2), routing), routing, None, x.dtype) if grad_x \
+        else _empty(x)
+    grad_gate_up = grouped_weight_grad(grad_h, gather_rows(x, routing), routing) if grad_experts else _empty(x)
+    return gx, grad_gate_up
+
+
+def fused_moe_backward(grad_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                       top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up_out: torch.Tensor,
+                       grad_x: bool = True, grad_experts: bool = True
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both steps: (grad_x, grad_gate_up_proj, grad_down_proj, grad_top_k_weights), for callers that keep h
+    throughout anyway."""
+    grad_h, grad_down, grad_w = fused_moe_backward_down(grad_out, x, gate_up_proj, down_proj, top_k_index,
+                                                        top_k_weights, gate_up_out, grad_experts)
+    gx, grad_gate_up = fused_moe_backward_gate_up(grad_h, x, gate_up_proj, top_k_index, grad_x, grad_experts)
     return gx, grad_gate_up, grad_down, grad_w

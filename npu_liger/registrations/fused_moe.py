@@ -1,15 +1,17 @@
 """npu_liger::fused_moe (public: the experts' output) on top of the internal ops npu_liger::fused_moe_with_saved
-(the output and the (T*K, 2I) gate/up projections the backward reads) and npu_liger::fused_moe_backward:
+(the output and the (T*K, 2I) gate/up projections the backward reads) and the backward's two steps,
+npu_liger::fused_moe_backward_down and npu_liger::fused_moe_backward_gate_up:
 schema -> fake -> device kernels -> autograd. ``fused_moe`` is a composite of ``fused_moe_with_saved`` (so that
 the autograd formula can keep the projections without the public schema returning them); under torch.compile it
-decomposes into that op and, for the backward, ``fused_moe_backward``, both opaque."""
+decomposes into that op and, for the backward, the two steps, all opaque."""
 
 from __future__ import annotations
 
 import torch
 
-from ..npu_ops.fused_moe import check_fused_moe_inputs, fused_moe_backward, fused_moe_forward, recompute_gate_up
-from ._op import call_op, define_autograd, define_composite, define_op, forbid_double_backward
+from ..npu_ops.fused_moe import (check_fused_moe_inputs, fused_moe_backward_down, fused_moe_backward_gate_up,
+                                 fused_moe_forward, recompute_gate_up)
+from ._op import EagerPath, call_op, define_autograd, define_composite, define_op, forbid_double_backward
 from ._sharding import sharding_rule
 
 __all__ = ["fused_moe"]
@@ -24,15 +26,21 @@ def _with_saved_fake(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
             torch.empty((n_slots, gate_up_proj.shape[1]), dtype=x.dtype, device=x.device))
 
 
-def _backward_fake(grad_out, x, gate_up_proj, down_proj, top_k_index, top_k_weights, gate_up_out, grad_x,
-                   grad_experts):
+def _backward_down_fake(grad_out, x, gate_up_proj, down_proj, top_k_index, top_k_weights, gate_up_out,
+                        grad_experts):
     check_fused_moe_inputs(x, gate_up_proj, down_proj, top_k_index, top_k_weights)
-
-    def grad_like(t, wanted):
-        return torch.empty(t.shape if wanted else (0,), dtype=x.dtype, device=x.device)
-
-    return (grad_like(x, grad_x), grad_like(gate_up_proj, grad_experts), grad_like(down_proj, grad_experts),
+    n_slots = top_k_index.shape[0] * top_k_index.shape[1]
+    return (torch.empty((n_slots, gate_up_proj.shape[1]), dtype=x.dtype, device=x.device),
+            _grad_like(down_proj, grad_experts),
             torch.empty(top_k_weights.shape, dtype=top_k_weights.dtype, device=x.device))
+
+
+def _backward_gate_up_fake(grad_h, x, gate_up_proj, top_k_index, grad_x, grad_experts):
+    return _grad_like(x, grad_x), _grad_like(gate_up_proj, grad_experts)
+
+
+def _grad_like(t, wanted):
+    return torch.empty(t.shape if wanted else (0,), dtype=t.dtype, device=t.device)
 
 
 # The launchers choose torch._grouped_mm or our kernel from the operands' data pointers (16-byte alignment),
@@ -40,34 +48,67 @@ def _backward_fake(grad_out, x, gate_up_proj, down_proj, top_k_index, top_k_weig
 _OPAQUE = "its grouped-matmul choice reads the operands' data pointers"
 with_saved_op = define_op(f"fused_moe_with_saved({_ARGS}) -> (Tensor, Tensor)", kernel=fused_moe_forward,
                           fake=_with_saved_fake, opaque_in_graphs=_OPAQUE)
-backward_op = define_op(
-    f"fused_moe_backward(Tensor grad_out, {_ARGS}, Tensor gate_up_out, bool grad_x, bool grad_experts) "
-    "-> (Tensor, Tensor, Tensor, Tensor)",
-    kernel=fused_moe_backward, fake=_backward_fake, opaque_in_graphs=_OPAQUE)
-forbid_double_backward(backward_op, "fused_moe")
+# The backward's two steps (npu_ops.fused_moe): h, the saved gate/up projections, is read by the first only.
+backward_down_op = define_op(
+    f"fused_moe_backward_down(Tensor grad_out, {_ARGS}, Tensor gate_up_out, bool grad_experts) "
+    "-> (Tensor, Tensor, Tensor)",
+    kernel=fused_moe_backward_down, fake=_backward_down_fake, opaque_in_graphs=_OPAQUE)
+backward_gate_up_op = define_op(
+    "fused_moe_backward_gate_up(Tensor grad_h, Tensor x, Tensor gate_up_proj, Tensor top_k_index, bool grad_x, "
+    "bool grad_experts) -> (Tensor, Tensor)",
+    kernel=fused_moe_backward_gate_up, fake=_backward_gate_up_fake, opaque_in_graphs=_OPAQUE)
+forbid_double_backward(backward_down_op, "fused_moe")
+forbid_double_backward(backward_gate_up_op, "fused_moe")
 
 
-def _setup_context(ctx, inputs, output):
+def _backward_steps(needs_input_grad, grad_out, inputs, gate_up_out_box):
+    """The formula's backward, both ops. ``gate_up_out_box``: a one-element list holding h, emptied here so that,
+    where the caller keeps no other reference (the eager path), h is freed between the two steps."""
     x, gate_up_proj, down_proj, top_k_index, top_k_weights = inputs
-    gate_up_out = output[1]
-    ctx.mark_non_differentiable(gate_up_out)
-    if recompute_gate_up():  # NPU_LIGER_MOE_RECOMPUTE=1: the backward recomputes the projections
-        gate_up_out = gate_up_out.new_empty((0,))
-    ctx.save_for_backward(x, gate_up_proj, down_proj, top_k_index, top_k_weights, gate_up_out)
-
-
-def _backward(ctx, grad_out, _grad_gate_up_out):
-    x, gate_up_proj, down_proj, top_k_index, top_k_weights, gate_up_out = ctx.saved_tensors
-    need_x, need_gate_up, need_down, _, need_weights = ctx.needs_input_grad
-    grad_x, grad_gate_up, grad_down, grad_weights = call_op(
-        backward_op, grad_out, x, gate_up_proj, down_proj, top_k_index, top_k_weights, gate_up_out, need_x,
-        need_gate_up or need_down)
+    need_x, need_gate_up, need_down, _, need_weights = needs_input_grad
+    need_experts = need_gate_up or need_down
+    grad_h, grad_down, grad_weights = call_op(backward_down_op, grad_out, x, gate_up_proj, down_proj, top_k_index,
+                                              top_k_weights, gate_up_out_box.pop(), need_experts)
+    grad_x, grad_gate_up = call_op(backward_gate_up_op, grad_h, x, gate_up_proj, top_k_index, need_x, need_experts)
     return (grad_x if need_x else None, grad_gate_up if need_gate_up else None, grad_down if need_down else None,
             None, grad_weights if need_weights else None)
 
 
+def _saved_gate_up(gate_up_out):
+    """What the backward keeps of h: h, or under NPU_LIGER_MOE_RECOMPUTE=1 an empty tensor (recomputed)."""
+    return gate_up_out.new_empty((0,)) if recompute_gate_up() else gate_up_out
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(*inputs, _saved_gate_up(output[1]))
+
+
+def _backward(ctx, grad_out, _grad_gate_up_out):
+    *inputs, gate_up_out = ctx.saved_tensors
+    return _backward_steps(ctx.needs_input_grad, grad_out, inputs, [gate_up_out])
+
+
+def _eager_forward(ctx, *inputs):
+    """The plain eager path keeps h on ctx rather than in saved_tensors, so that its backward can let it go
+    halfway (autograd releases saved tensors only after the whole backward)."""
+    out, gate_up_out = fused_moe_forward(*inputs)
+    ctx.mark_non_differentiable(gate_up_out)
+    ctx.save_for_backward(*inputs)
+    ctx.gate_up_out = _saved_gate_up(gate_up_out)
+    return out, gate_up_out
+
+
+def _eager_backward(ctx, grad_out, _grad_gate_up_out):
+    inputs = ctx.saved_tensors
+    # A second backward over a retained graph finds h gone and recomputes it (an empty tensor asks for that).
+    box = [ctx.gate_up_out if ctx.gate_up_out is not None else inputs[0].new_empty((0,))]
+    ctx.gate_up_out = None
+    return _backward_steps(ctx.needs_input_grad, grad_out, inputs, box)
+
+
 _with_saved_entry = define_autograd(with_saved_op, backward=_backward, setup_context=_setup_context,
-                                    kernel=fused_moe_forward)
+                                    kernel=fused_moe_forward, eager=EagerPath(_eager_forward, _eager_backward))
 
 
 def _composite(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
@@ -101,11 +142,16 @@ def _fused_moe_with_saved_sharding(p, *args):
     return [p.case([p.R, p.R]), p.case([p.S(0), p.S(0)], **_tokens(p))]
 
 
-@sharding_rule(backward_op)
-def _fused_moe_backward_sharding(p, *args):
-    """grad_x and the routing weights' gradient follow the tokens; both expert gradients are P (each rank sums its
-    own tokens)."""
-    return [p.case([p.R] * 4), p.case([p.S(0), p.P, p.P, p.S(0)], **_tokens(p, "grad_out", "gate_up_out"))]
+@sharding_rule(backward_down_op)
+def _fused_moe_backward_down_sharding(p, *args):
+    """grad_h and the routing weights' gradient follow the tokens (grad_h, like gate_up_out, in each rank's own
+    sorted order); the down_proj gradient is P (each rank sums its own tokens)."""
+    return [p.case([p.R] * 3), p.case([p.S(0), p.P, p.S(0)], **_tokens(p, "grad_out", "gate_up_out"))]
+
+
+@sharding_rule(backward_gate_up_op)
+def _fused_moe_backward_gate_up_sharding(p, *args):
+    return [p.case([p.R] * 2), p.case([p.S(0), p.P], x=p.S(0), top_k_index=p.S(0), grad_h=p.S(0))]
 
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, top_k_index: torch.Tensor,
