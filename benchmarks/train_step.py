@@ -124,7 +124,8 @@ def patch_kwargs(patch_fn, which: str) -> dict:
         return {}
     wanted = {"causal_mask"} if which == "causal_mask" else SAME_OPS
     params = inspect.signature(patch_fn).parameters.values()
-    return {p.name: p.name in wanted for p in params if isinstance(p.default, bool)}
+    # npu_liger's ``embedding`` defaults to "compiled" (a mode, not a bool): it is a flag all the same
+    return {p.name: p.name in wanted for p in params if isinstance(p.default, bool) or p.name == "embedding"}
 
 
 def model_config(family: str, size: dict, experts_implementation: Optional[str] = None):

@@ -345,6 +345,8 @@ def check_launch(case: Row, launch, host_error, probe_headroom: bool, opts, comp
         results.failures.append(f"{case.where()}: {s1} {row.stage2}")
     elif res.stage2 == "fits*":
         results.warnings.append(f"{case.where()}: fits only with multi-buffer off ({row.constexprs})")
+    if res.crashed_once and not res.failed:
+        results.warnings.append(f"{case.where()}: stage 1's compiler crashed once; it passed when run again")
     if probe_headroom and not res.failed:
         t0 = time.time()
         results.headroom[(case.kernel, case.chip, case.dtype)] = probe(compiler, launch, chip, opts.max_doublings)

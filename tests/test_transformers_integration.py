@@ -231,6 +231,8 @@ def test_compiled_patched_model(family):
     for op in FAMILIES[family][1]:
         assert ops[f"npu_liger::{op}"] >= COMMON["num_hidden_layers"], ops
         assert ops[f"npu_liger::{op}_backward"] >= COMMON["num_hidden_layers"], ops
+    # embedding="compiled", the default: ours inside the graph (Inductor's own embedding backward holds fp32)
+    assert ops["npu_liger::embedding"] >= 1 and ops["npu_liger::embedding_backward"] >= 1, ops
     got = {k.replace("_orig_mod.", ""): v for k, v in got.items()}
     _assert_matches(got, eager, what="compiled ")
 
@@ -258,6 +260,21 @@ def test_embedding_patch():
             got = _run(model, ids)
         assert counter.counts.get("embedding") == 1, counter.counts
         _assert_matches(got, ref, what=f"{family} ")
+
+
+def test_embedding_default_is_torch_in_eager_mode():
+    """``embedding="compiled"`` (the default) patches the table, but eager calls keep torch's lookup."""
+    model = _build("gemma")  # Gemma's scaled embedding: the unpatched forward must keep its scale
+    ids = _batch()
+    ref = _run(model, ids)
+    nlt.apply_to_model(model, rope=False, mlp=False, loss=False)
+    assert nlt.patch_summary(model)["embedding"] == 1
+    with CountOps() as counter:
+        got = _run(model, ids)
+    assert "embedding" not in counter.counts, counter.counts
+    _assert_matches(got, ref, what="gemma ")
+    with pytest.raises(ValueError, match="embedding= must be True, False or 'compiled'"):
+        nlt.apply_to_model(_build("llama"), embedding="always")
 
 
 # ---- the drop-in functions against transformers' own ------------------------------------------------------

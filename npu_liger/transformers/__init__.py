@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from .families import FAMILIES
 from .liger_compat import *  # noqa: F401,F403 - Liger-Kernel's apply_liger_kernel_to_<family> names
-from .model import apply_to_family, apply_to_model, patch_report, patch_summary, revert, unpatch
+from .model import EmbeddingMode, apply_to_family, apply_to_model, patch_report, patch_summary, revert, unpatch
 from .ops_used import count_npu_liger_ops
 from .rope import apply_multimodal_rotary_pos_emb, apply_rotary_emb, apply_rotary_pos_emb
 
 
 def _family_patcher(name: str, title: str):
-    def patch(*, rope: bool = True, mlp: bool = True, embedding: bool = False, norm: bool = True,
+    def patch(*, rope: bool = True, mlp: bool = True, embedding: EmbeddingMode = "compiled", norm: bool = True,
               loss: bool = True, causal_mask: bool = True) -> None:
         apply_to_family(name, rope=rope, mlp=mlp, embedding=embedding, norm=norm, loss=loss,
                         causal_mask=causal_mask)
@@ -36,10 +36,10 @@ def _family_patcher(name: str, title: str):
     patch.__name__ = patch.__qualname__ = f"apply_npu_liger_to_{name}"
     experts = " and experts" if FAMILIES[name].expert_classes else ""
     patch.__doc__ = (f"Patch {title} before building models: its rotary function now (module-wide), and its "
-                     f"MLPs{experts} and norms (and, with ``embedding=True``, the "
-                     f"input embedding) of every model constructed afterwards, and (``loss``) the training loss of "
-                     f"its causal LMs through fused linear cross entropy; ``causal_mask``: see ``apply_to_model``. "
-                     f"``revert({name!r})`` undoes it.")
+                     f"MLPs{experts} and norms (and the input embedding: under torch.compile by default, "
+                     f"always with ``embedding=True``) of every model constructed afterwards, and (``loss``) "
+                     f"the training loss of its causal LMs through fused linear cross entropy; ``causal_mask``: "
+                     f"see ``apply_to_model``. ``revert({name!r})`` undoes it.")
     return patch
 
 

@@ -8,7 +8,7 @@ import sys
 import warnings
 from collections import Counter
 from types import ModuleType
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Literal, Tuple, Union
 
 from torch import nn
 
@@ -54,7 +54,16 @@ def _patch_rope(model: nn.Module) -> None:
             patch_structural_rope(module)
 
 
-def _patch_modules(root: nn.Module, *, mlp: bool, embedding: bool, norm: bool = False) -> None:
+# ``embedding=``: True (always), False (never) or "compiled" (inside torch.compile graphs only; the default).
+EmbeddingMode = Union[bool, Literal["compiled"]]
+
+
+def _check_embedding_mode(embedding) -> None:
+    if embedding not in (True, False, "compiled"):
+        raise ValueError(f"npu_liger: embedding= must be True, False or 'compiled', got {embedding!r}")
+
+
+def _patch_modules(root: nn.Module, *, mlp: bool, embedding: EmbeddingMode, norm: bool = False) -> None:
     if mlp:
         for module, config in _walk(root):
             family = FAMILY_BY_MODULE.get(type(module).__module__)
@@ -73,13 +82,14 @@ def _patch_modules(root: nn.Module, *, mlp: bool, embedding: bool, norm: bool = 
         if table is None:
             warnings.warn(f"npu_liger: {type(root).__name__} has no input embedding to patch", stacklevel=3)
         else:
-            if patch_embedding(table):
-                report.patched("embedding", type(table).__name__, "embedding")
+            if patch_embedding(table, only_compiled=embedding == "compiled"):
+                report.patched("embedding", type(table).__name__,
+                               "embedding (under torch.compile)" if embedding == "compiled" else "embedding")
     if norm:
         patch_norms(root)
 
 
-def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, embedding: bool = False,
+def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, embedding: EmbeddingMode = "compiled",
                    norm: bool = True, loss: bool = True, causal_mask: bool = True) -> nn.Module:
     """Patch an already built transformers model in place and return it.
 
@@ -90,7 +100,10 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
     - ``rope``: the family's rotary function (``apply_rotary_pos_emb``, Llama-4's ``apply_rotary_emb``, ...)
       becomes the npu_liger drop-in. The attention layers look this function up in their modeling module at
       call time, so this patch is module-wide: every model of that family in the process gets it.
-    - ``embedding``: the input embedding runs ``npu_liger.embedding`` (if that op exists; else a warning).
+    - ``embedding``: the input embedding runs ``npu_liger.embedding``: ``True`` always, ``"compiled"`` (the
+      default) inside torch.compile graphs only, where Inductor's own embedding backward holds an fp32 copy of
+      the (V, D) gradient plus its cast (``modules._embedding_forward_when_compiled``); eager mode keeps torch's
+      kernel, which writes the gradient once as ours does. ``False``: never. Per instance.
     - ``norm``: every RMSNorm of a supported family (decoder norms, Qwen3/Gemma3 q_norm/k_norm, the final norm)
       runs ``npu_liger.rms_norm`` with the casting mode that reproduces it (Gemma: offset 1, gemma casting), and
       every ``torch.nn.LayerNorm`` in the model (vision towers) runs ``npu_liger.layer_norm``. Per instance.
@@ -111,6 +124,7 @@ def apply_to_model(model: nn.Module, *, rope: bool = True, mlp: bool = True, emb
 
     Patching twice is harmless; ``unpatch(model)`` undoes it.
     """
+    _check_embedding_mode(embedding)
     families = _families_in(model)
     rep = report.PatchReport(model=type(model).__name__, families=[f.name for f in families])
     with report.collecting(rep):
@@ -198,7 +212,7 @@ def patch_summary(model: nn.Module) -> dict:
     return {"mlp": dict(ops), "rope": rope, "embedding": embeddings, "norm": norm_summary(model), "loss": losses}
 
 
-def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool, rope: bool = False,
+def _hook_init(cls: type, *, mlp: bool, embedding: EmbeddingMode, norm: bool, rope: bool = False,
                causal_mask: bool = False) -> None:
     """Make ``cls.__init__`` patch each new instance (its MLPs, its embedding, its norms, and with ``rope`` the
     rotary functions of the modules it is built from: a vision-language model's language model) once
@@ -217,12 +231,13 @@ def _hook_init(cls: type, *, mlp: bool, embedding: bool, norm: bool, rope: bool 
     _patching.set_attr(cls, "__init__", __init__)
 
 
-def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding: bool = False,
+def apply_to_family(name: str, *, rope: bool = True, mlp: bool = True, embedding: EmbeddingMode = "compiled",
                     norm: bool = True, loss: bool = True, causal_mask: bool = True) -> None:
     """Patch a family before its models are built: its rotary functions now, and a hook on its decoder
     model class so every model constructed afterwards has its MLPs (and embedding) patched. Calling again
     replaces the previous settings; ``revert(name)`` restores transformers' code (``revert()`` also the
     process-wide ``causal_mask`` patch, see ``apply_to_model``)."""
+    _check_embedding_mode(embedding)
     family = _family(name)
     module = family.load()
     causal_mask = causal_mask and patch_causal_mask()

@@ -288,8 +288,21 @@ def _scaled_embedding_forward(self, input_ids):
     return out * self.embed_scale.to(self.weight.dtype)
 
 
-def patch_embedding(module: Optional[nn.Module]) -> bool:
-    """Route an input embedding's lookup through ``torch.ops.npu_liger.embedding``."""
+def _embedding_forward_when_compiled(self, input_ids):
+    """``embedding="compiled"``: torch's own lookup in eager mode, npu_liger's inside a torch.compile graph.
+    Inductor decomposes the embedding backward into an fp32 (V, D) buffer it accumulates into and then casts:
+    3x the table's size in bf16 held at the end of the backward (1.5 GiB for a 128k x 2048 vocabulary), where
+    torch's eager kernel and ours write the gradient once, in its own dtype."""
+    if not torch.compiler.is_compiling():
+        return type(self).forward(self, input_ids)
+    if type(self) is nn.Embedding:
+        return _embedding_forward(self, input_ids)
+    return _scaled_embedding_forward(self, input_ids)
+
+
+def patch_embedding(module: Optional[nn.Module], *, only_compiled: bool = False) -> bool:
+    """Route an input embedding's lookup through ``torch.ops.npu_liger.embedding`` (with ``only_compiled``,
+    inside torch.compile graphs only)."""
     name = type(module).__name__
     plain = type(module) is nn.Embedding
     scaled = isinstance(module, nn.Embedding) and name.endswith("ScaledWordEmbedding") and \
@@ -299,5 +312,8 @@ def patch_embedding(module: Optional[nn.Module]) -> bool:
         warnings.warn(f"npu_liger: input embedding {name} (max_norm, sparse, scale_grad_by_freq or an unknown "
                       "subclass) is left unpatched", stacklevel=3)
         return False
-    _patch_forward(module, _scaled_embedding_forward if scaled else _embedding_forward)
+    if only_compiled:
+        _patch_forward(module, _embedding_forward_when_compiled)
+    else:
+        _patch_forward(module, _scaled_embedding_forward if scaled else _embedding_forward)
     return True
