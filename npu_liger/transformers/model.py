@@ -82,9 +82,10 @@ def _patch_modules(root: nn.Module, *, mlp: bool, embedding: EmbeddingMode, norm
         if table is None:
             warnings.warn(f"npu_liger: {type(root).__name__} has no input embedding to patch", stacklevel=3)
         else:
-            if patch_embedding(table, only_compiled=embedding == "compiled"):
+            only_compiled = embedding == "compiled"
+            if patch_embedding(table, only_compiled=only_compiled):
                 report.patched("embedding", type(table).__name__,
-                               "embedding (under torch.compile)" if embedding == "compiled" else "embedding")
+                               "embedding (under torch.compile)" if only_compiled else "embedding")
     if norm:
         patch_norms(root)
 
