@@ -4,7 +4,7 @@ so the time is the host's), for the public function ``npu_liger.<op>``, the eage
 
     python -m benchmarks.host_overhead [--ops swiglu,rope] [--iters 2000] [--profile swiglu] [--out FILE.json]
 
-``--profile OP`` prints the cProfile top entries of the npu_liger forward+backward loop (where the µs go).
+``--profile OP`` prints the cProfile top entries of each variant's forward+backward loop (where the µs go).
 Runs on CPU too (the Triton interpreter: the numbers then measure the interpreter, not the launch path).
 ``--fake-launch`` (CPU only) turns every Triton launch into a no-op, so the npu_liger column is the package's own
 Python per call (checks, allocation, plans, autograd) without any kernel: a host-cost measurement that needs no
@@ -64,21 +64,23 @@ def measure(spec, device: str, iters: int, repeats: int, use_liger: bool) -> dic
     return row
 
 
-def profile(spec, device: str, iters: int) -> None:
+def profile(spec, device: str, iters: int, use_liger: bool) -> None:
+    """cProfile of each variant's forward+backward loop (npu_liger, eager, Liger when importable): where the µs go,
+    ours next to the peers'."""
     case = spec.cases("tiny")[0]
     inp = spec.make(case.params, case.dtype, device, _gen(device, 7))
-    fn = spec.npu_variant("functional")
-    for _ in range(50):
-        forward_backward(fn, inp)
-    sync(device)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(iters):
-        forward_backward(fn, inp)
-    sync(device)
-    prof.disable()
-    print(f"--- cProfile: npu_liger.{spec.name} forward+backward x {iters} (tottime, top 25) ---")
-    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    for name, fn in _variants(spec, use_liger).items():
+        for _ in range(50):
+            forward_backward(fn, inp)
+        sync(device)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(iters):
+            forward_backward(fn, inp)
+        sync(device)
+        prof.disable()
+        print(f"--- cProfile: {name} {spec.name} forward+backward x {iters} (tottime, top 25) ---")
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
 
 def main(argv=None) -> None:
@@ -113,8 +115,9 @@ def main(argv=None) -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
-    for op in filter(None, args.profile.split(",")):
-        profile(SPECS[op], args.device, max(200, args.iters // 4))
+    with faked_launches() if args.fake_launch else contextlib.nullcontext():  # profile what was measured
+        for op in filter(None, args.profile.split(",")):
+            profile(SPECS[op], args.device, max(200, args.iters // 4), use_liger)
 
 
 if __name__ == "__main__":

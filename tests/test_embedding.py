@@ -262,6 +262,58 @@ def test_kernels_clear_the_index_flag_for_out_of_range_indices(bad, index_dtype,
     assert flags == [int(bad is None)] * 2
 
 
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_autograd_backward_trusts_the_forwards_index_check(index_dtype, monkeypatch):
+    """A plain eager training call checks the indices' range once, in the forward: the backward of that call
+    launches for the indices the forward saved (``embedding_backward_of_forward``: no second check, int64 keys
+    cast without the clamp) and gives the checked op's gradient. The op called directly still checks."""
+    checks = []
+    original = embedding_kernels.check_index_range
+    monkeypatch.setattr(embedding_kernels, "check_index_range",
+                        lambda *args, **kwargs: (checks.append("check"), original(*args, **kwargs)))
+    weight = randn((40, 24), requires_grad=True)
+    indices = make_indices((3, 50), 40, index_dtype, distinct=7)  # runs beyond LONG_RUN too
+    grad_out = randn((3, 50, 24))
+    npu_liger.embedding(weight, indices, 5).backward(grad_out)
+    assert checks == ["check"]
+    checked = embedding_backward_op(grad_out, indices, 40, 5)
+    assert checks == ["check"] * 2 and torch.equal(weight.grad, checked)
+    w64 = weight.detach().double().requires_grad_(True)
+    F.embedding(indices, w64, 5).backward(grad_out.double())
+    assert rel_error(weight.grad, w64.grad) <= FP32_RTOL
+
+
+def test_row_ids_are_views_of_one_kept_arange(monkeypatch):
+    """The backward's searchsorted probes: arange(n) as a view of one kept tensor per device and dtype, grown
+    when a longer one is asked for, and a fresh tensor while launches may be recorded."""
+    monkeypatch.setattr(embedding_kernels, "_ROW_IDS", {})
+    device = torch.device(DEVICE)
+    first = embedding_kernels._row_ids(7, torch.int32, device)
+    assert torch.equal(first, torch.arange(7, dtype=torch.int32, device=device))
+    again = embedding_kernels._row_ids(5, torch.int32, device)
+    assert again.data_ptr() == first.data_ptr() and torch.equal(again, first[:5])
+    longer = embedding_kernels._row_ids(20, torch.int32, device)
+    assert torch.equal(longer, torch.arange(20, dtype=torch.int32, device=device))
+    assert embedding_kernels._row_ids(20, torch.int64, device).dtype == torch.int64
+    monkeypatch.setattr(embedding_kernels, "recording_launches", lambda device: True)
+    fresh = embedding_kernels._row_ids(5, torch.int32, device)
+    assert fresh.data_ptr() != longer.data_ptr() and torch.equal(fresh, longer[:5])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's index flag")
+def test_index_flag_is_kept_per_device_except_while_capturing():
+    """The kernels only ever clear the flag, and a cleared one trips the (sticky) device assert, so calls reuse
+    one flag per device; a CUDA-graph capture gets a fresh one (allocated inside it, it would hold no 1 outside
+    the graph). The capture and replay themselves: test_cuda_graph_capture_and_replay."""
+    device = torch.device(DEVICE)
+    flag = embedding_kernels.index_check_flag(device)
+    assert embedding_kernels.index_check_flag(device) is flag and int(flag) == 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = embedding_kernels.index_check_flag(device)
+    assert captured is not flag and embedding_kernels.index_check_flag(device) is flag
+
+
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5, 7)])
 def test_empty_indices_give_empty_outputs(shape):
     weight = randn((7, 4), requires_grad=True)

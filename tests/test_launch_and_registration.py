@@ -216,7 +216,10 @@ def test_record_plans_sees_every_launch_with_its_caller():
 def test_direct_launch_key_separates_what_triton_specialises_on():
     """``LaunchedKernel`` reuses a compiled kernel only for arguments Triton would compile the same way: ints
     equal to 1, multiples of 16 and beyond 32 bits, tensor dtypes and 16-byte alignment all change the key."""
-    from npu_liger.npu_ops._triton import _arg_key
+    from npu_liger.npu_ops._triton import _args_key
+
+    def _arg_key(value):
+        return _args_key((value,))
 
     keys = [_arg_key(v) for v in (1, 2, 3, 16, 32, 2**31, -2**31 - 1)]
     assert keys[1] == keys[2] and keys[3] == keys[4]  # 2 ~ 3, 16 ~ 32: compiled alike
@@ -225,6 +228,7 @@ def test_direct_launch_key_separates_what_triton_specialises_on():
     assert _arg_key(t) != _arg_key(t[1:])  # 4-byte offset: no longer 16-byte aligned
     assert _arg_key(t) == _arg_key(torch.zeros(3, dtype=torch.float32)) != _arg_key(t.half())
     assert _arg_key(0.5) == _arg_key(2.0) and _arg_key(None) != _arg_key(False) != _arg_key(True)
+    assert _args_key((t, 1, None)) != _args_key((t, 2, None)) and _args_key((1, 2)) != _args_key((2, 1))
 
 
 def test_kernels_are_triton_functions_under_the_interpreter():

@@ -199,15 +199,23 @@ def _current_raw_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)  # what Triton's CUDA driver itself calls
 
 
-def _arg_key(arg):
-    """What Triton's specialisation can depend on, for one argument."""
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
-    if type(arg) is int:
-        return arg == 1, arg % 16 == 0, -0x80000000 <= arg <= 0x7FFFFFFF
-    if type(arg) is float:
-        return float
-    return type(arg), arg  # None, bools, constexpr values
+def _args_key(args) -> tuple:
+    """What Triton's specialisation can depend on, per argument: a tensor's dtype and 16-byte alignment; an
+    int's class among "== 1", "% 16 == 0" and 32-bit range (one small int, cheaper to build than a tuple: this
+    runs on every launch); floats by type; anything else (None, bools, constexprs) by value."""
+    key = []
+    for arg in args:
+        kind = type(arg)
+        if kind is int:
+            fits = -0x80000000 <= arg <= 0x7FFFFFFF
+            key.append(1 if arg == 1 else (2 if arg & 15 == 0 else 3) if fits else (4 if arg & 15 == 0 else 5))
+        elif isinstance(arg, torch.Tensor):
+            key.append((arg.dtype, arg.data_ptr() & 15 == 0))
+        elif kind is float:
+            key.append(float)
+        else:
+            key.append((kind, arg))
+    return tuple(key)
 
 
 class _GraphCapture(threading.local):
@@ -227,6 +235,18 @@ def capture_launches_in_graph():
         yield
     finally:
         _graph_capture.active = previous
+
+
+def recording_launches(device: torch.device) -> bool:
+    """Whether launches on ``device`` may be recorded rather than run now: inside ``capture_launches_in_graph``
+    or a CUDA-graph capture, and on devices other than CPU and CUDA (NPU graph capture is not checked here).
+    Code that keeps a device tensor between calls allocates a fresh one then (one allocated while recording
+    is never filled outside the recording)."""
+    if _graph_capture.active:
+        return True
+    if device.type == "cuda":
+        return torch.cuda.is_current_stream_capturing()
+    return device.type != "cpu"
 
 
 class LaunchedKernel:
@@ -256,7 +276,7 @@ class LaunchedKernel:
 
     def _launch(self, grid, *args, **kwargs):
         device = torch.cuda.current_device()
-        key = (device, tuple(map(_arg_key, args)), tuple(kwargs.items()))
+        key = (device, _args_key(args), tuple(kwargs.items()))
         entry = self._compiled.get(key)
         if entry is None:  # first launch of this key: Triton compiles (or finds) and launches it
             compiled = self.jit_function[grid](*args, **kwargs)

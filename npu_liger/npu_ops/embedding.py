@@ -55,7 +55,7 @@ import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, flat, grid_stride, interpreter_enabled,
-                     launched_kernel, program_start, require_launchable)
+                     launched_kernel, program_start, recording_launches, require_launchable)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -236,12 +236,38 @@ def check_embedding_backward_inputs(grad_out: torch.Tensor, indices: torch.Tenso
     _check_padding_idx(padding_idx, num_embeddings)
 
 
+# CUDA: one flag per device, reused by every call instead of a fill launch per call. Kernels only ever clear it,
+# and the assert queued after them then leaves the process's CUDA context unusable (device-side asserts are
+# sticky), so no later call can read a cleared flag. A call being recorded (a CUDA-graph capture, a graph that
+# records our launches) gets a fresh flag: a tensor first allocated there would hold no 1 outside the recording.
+_INDEX_FLAGS = {}  # CUDA device index -> its flag
+
+
 def index_check_flag(device: torch.device):
     """CUDA: the flag the kernels clear on an out-of-range index (1 = all in range), for ``check_index_range``;
     None elsewhere (the host check reads the indices' min and max instead)."""
     if device.type != "cuda":
         return None
-    return torch.ones((), dtype=torch.int32, device=device)
+    if recording_launches(device):
+        return torch.ones((), dtype=torch.int32, device=device)
+    flag = _INDEX_FLAGS.get(device.index)
+    if flag is None:
+        flag = _INDEX_FLAGS[device.index] = torch.ones((), dtype=torch.int32, device=device)
+    return flag
+
+
+_ROW_IDS = {}  # (device, dtype) -> the longest arange(n) built so far on that device (see _row_ids)
+
+
+def _row_ids(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """arange(n): a view of one kept per device and dtype (one launch fewer per backward), except while
+    launches are recorded (as for the flag above)."""
+    if recording_launches(device):
+        return torch.arange(n, dtype=dtype, device=device)
+    ids = _ROW_IDS.get((device, dtype))
+    if ids is None or ids.numel() < n:
+        ids = _ROW_IDS[(device, dtype)] = torch.arange(n, dtype=dtype, device=device)
+    return ids[:n]
 
 
 def check_index_range(indices: torch.Tensor, num_embeddings: int, flag=None) -> None:
@@ -307,12 +333,14 @@ def embedding_forward(weight: torch.Tensor, indices: torch.Tensor, padding_idx: 
     return out
 
 
-def _sort_keys(flat_indices: torch.Tensor, num_embeddings: int) -> torch.Tensor:
+def _sort_keys(flat_indices: torch.Tensor, num_embeddings: int, in_range: bool) -> torch.Tensor:
     """int32 sort keys when the vocabulary allows (a radix sort of 32-bit keys takes half the passes): int64
-    indices are clamped to [-1, V] first, so an out-of-range index stays out of range."""
+    indices are clamped to [-1, V] first, so an out-of-range index stays out of range (``in_range``: the indices
+    were checked, a plain cast keeps them)."""
     if flat_indices.dtype == torch.int32 or num_embeddings >= torch.iinfo(torch.int32).max:
         return flat_indices
-    return flat_indices.clamp(-1, num_embeddings).to(torch.int32)
+    keys = flat_indices if in_range else flat_indices.clamp(-1, num_embeddings)
+    return keys.to(torch.int32)
 
 
 def _tasks_by_token(device_type: str, n_tokens: int, num_embeddings: int) -> bool:
@@ -330,6 +358,20 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
                        padding_idx: int = -1) -> torch.Tensor:
     """grad_weight (num_embeddings, D) in grad_out's dtype, each element written once; deterministic."""
     check_embedding_backward_inputs(grad_out, indices, num_embeddings, padding_idx)
+    return _launch_backward(grad_out, indices, num_embeddings, padding_idx, indices_checked=False)
+
+
+def embedding_backward_of_forward(grad_out: torch.Tensor, indices: torch.Tensor, num_embeddings: int,
+                                  padding_idx: int) -> torch.Tensor:
+    """The autograd backward's launch: ``indices`` are the ones the forward saved after checking their range
+    (CPU, NPU: it raised; CUDA: its assert is queued before this, and a failed one stops every later kernel),
+    and ``grad_out`` has the forward output's shape. So no input checks, no range check (two launches fewer on
+    CUDA), and int64 indices cast to int32 keys without the clamp. The kernels still mask every index."""
+    return _launch_backward(grad_out, indices, num_embeddings, padding_idx, indices_checked=True)
+
+
+def _launch_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embeddings: int, padding_idx: int, *,
+                     indices_checked: bool) -> torch.Tensor:
     dim = grad_out.shape[-1]
     device = grad_out.device
     flat_indices = flat(indices)
@@ -342,18 +384,17 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
     flag = None
     if dim and num_embeddings:
         require_launchable(device)
-        keys = _sort_keys(flat_indices, num_embeddings)
+        keys = _sort_keys(flat_indices, num_embeddings, in_range=indices_checked)
         sorted_rows, order = torch.sort(keys, stable=True)  # stable: a fixed summation order per row
         # row_bounds[v] = first sorted position holding a row >= v: row v's run is [row_bounds[v], row_bounds[v+1]).
-        rows = torch.arange(num_embeddings + 1, dtype=sorted_rows.dtype, device=device)
-        row_bounds = torch.searchsorted(sorted_rows, rows)
+        row_bounds = torch.searchsorted(sorted_rows, _row_ids(num_embeddings + 1, sorted_rows.dtype, device))
         plan = _backward_plan(device.type, dim)
         block_k, block_d = plan.tiles[0]
         n_col_blocks = cdiv(dim, block_d)
         by_token = _tasks_by_token(device.type, n, num_embeddings)
         if by_token:
             grad_weight.zero_()  # rows no token names are never visited
-        else:
+        elif not indices_checked:
             flag = index_check_flag(device)
         n_tasks = (n if by_token else num_embeddings) * n_col_blocks
         _embedding_bwd_kernel[(plan.grid(n_tasks),)](
@@ -371,5 +412,6 @@ def embedding_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embedd
                 padding, LONG_RUN, grad_2d.stride(0), grad_2d.stride(1), BLOCK_K=block_k, BLOCK_D=block_d,
                 **plan.launch_options()
             )
-    check_index_range(flat_indices, num_embeddings, flag)
+    if not indices_checked:
+        check_index_range(flat_indices, num_embeddings, flag)
     return grad_weight

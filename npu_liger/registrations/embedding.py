@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ..npu_ops.embedding import (check_embedding_backward_inputs, check_embedding_inputs, embedding_backward,
-                                 embedding_forward)
+                                 embedding_backward_of_forward, embedding_forward)
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
 from ._sharding import sharding_rule
 
@@ -42,6 +42,7 @@ embedding_backward_op = define_op(
     "embedding_backward(Tensor grad_out, Tensor indices, SymInt num_embeddings, int padding_idx) -> Tensor",
     kernel=embedding_backward,
     fake=_embedding_backward_fake,
+    trusted_kernel=embedding_backward_of_forward,  # plain eager backward passes: the forward checked the indices
 )
 
 
