@@ -27,9 +27,11 @@ their kernels (``check_index_range``), in the way ``F.embedding`` reports them o
 - CUDA: the kernels themselves check: each is given a one-element int32 flag holding 1, and a program that
   meets an out-of-range index stores 0 into it (the forward kernel per token tile; the backward kernel's first
   program from the sorted run bounds, which show any index below 0 or at or above V). ``torch._assert_async``
-  on the flag is queued right after them on the current stream: two small launches (the flag's fill and the
-  assert) beside the kernels, no host synchronisation, no side stream, no host memory (a min/max reduction and
-  its comparisons cost five launches: the forward is host-bound at training sizes). A bad index fails later, at
+  on the flag is queued right after them on the current stream: one small launch beside the kernels (the flag
+  is filled once per device and reused, ``index_check_flag``), no host synchronisation, no side stream, no host
+  memory (a min/max reduction and its comparisons cost five launches: the forward is host-bound at training
+  sizes). The autograd backward of such a call checks nothing again: it runs on the indices the forward checked
+  (``embedding_backward_of_forward``). A bad index fails later, at
   the next synchronisation, with a RuntimeError "CUDA error: device-side assert triggered" (the failing kernel
   prints the message naming ``indices`` and the range), and, as after torch's own device asserts, the
   process's CUDA context is unusable afterwards. The assert is an ordinary kernel launch on the current stream,
