@@ -76,7 +76,7 @@ def check_against_float64(name, x, w, target, b, e, rows):
     want = ref(leaves64[0], leaves64[1], target, leaves64[2], e)
     (want[0] * 1.3).backward()
     assert len(out) == len(want)
-    output_floors = _logits_sum_floors(name, x, w, b, e)
+    output_floors = {**_logits_sum_floors(name, x, w, b, e), **_log_prob_floors(name, x, w, b, target, e)}
     for i, (o, r) in enumerate(zip(out, want)):
         assert o.dtype == torch.float32
         assert_close(o, r, what=f"{name} output {i}", floor=output_floors.get(i, 0.0))
@@ -98,6 +98,44 @@ def _logits_sum_floors(name, x, w, b, e):
     def floor(rows):
         return 8 * 2.0**-24 * float(abs_logits[rows].sum() / logits[rows].sum().abs().clamp_min(1e-300))
     return {3: floor(chosen), 4: floor(~chosen)}
+
+
+def _log_prob_floors(name, x, w, b, target, e):
+    """{output index: floor} for the sequences' log-probabilities (pairs: outputs 1 and 2; KTO: their sums over
+    the desirable and undesirable sequences, 1 and 2) and the rewards (pairs: 6 and 7; KTO: 5 and 6). A token's
+    log-probability is a logit minus a logsumexp of about its size, so near 0 (a confident token) fp32's error is
+    relative to the logits, not to it: 8 unit roundoffs of the largest |logit| bound (sum of |x[h] * w[v, h]| +
+    |b[v]|) per valid token, over |the sum| (a drawn simpo case: 9.0e-5 against the fixed 1e-5 for a log-probability
+    of -6e-4). Rewards add the reference model's bound where ours computes it (its fp32 inputs)."""
+    u = 2.0**-24
+
+    def bound_and_logps(x_, w_, b_):
+        x64, w64 = x_.detach().double(), w_.detach().double()
+        b64 = None if b_ is None else b_.detach().double()
+        lp, valid, _ = token_logps(x64, w64, b64, target)
+        mag = x64.abs() @ w64.abs().T + (0.0 if b64 is None else b64.abs())
+        valid = valid.to(lp.dtype)
+        return 8 * u * (mag.amax(-1) * valid).sum(-1), (lp * valid).sum(-1)
+
+    err, logps = bound_and_logps(x, w, b)
+    ref_err = bound_and_logps(*e["ref_model"])[0] if name in ("dpo", "kto") else torch.zeros_like(err)
+    ref_logps = e["ref64_seq"] if name in ("dpo", "kto") else torch.zeros_like(logps)
+
+    def ratio(bound, value):
+        return float(bound.norm() / value.norm().clamp_min(1e-300))
+
+    if name == "kto":
+        labels = e["labels"]
+
+        def split_floor(bound, value):
+            return (ratio(bound[labels].sum(), value[labels].sum()), ratio(bound[~labels].sum(), value[~labels].sum()))
+
+        return dict(zip((1, 2, 5, 6), (*split_floor(err, logps), *split_floor(err + ref_err, logps - ref_logps))))
+    n = x.shape[0] // 2
+    halves = (slice(0, n), slice(n, None))
+    floors = {1 + i: ratio(err[h], logps[h]) for i, h in enumerate(halves)}
+    floors.update({6 + i: ratio((err + ref_err)[h], (logps - ref_logps)[h]) for i, h in enumerate(halves)})
+    return floors
 
 
 def _gradient_cancellation_floors(ref, x, w, b, target, e):
