@@ -367,8 +367,8 @@ def embedding_backward_of_forward(grad_out: torch.Tensor, indices: torch.Tensor,
                                   padding_idx: int) -> torch.Tensor:
     """The autograd backward's launch: ``indices`` are the ones the forward saved after checking their range
     (CPU, NPU: it raised; CUDA: its assert is queued before this, and a failed one stops every later kernel),
-    and ``grad_out`` has the forward output's shape. So no input checks, no range check (two launches fewer on
-    CUDA), and int64 indices cast to int32 keys without the clamp. The kernels still mask every index."""
+    and ``grad_out`` has the forward output's shape. So no input checks, no range check (on CUDA: no assert
+    launch), and int64 indices cast to int32 keys without the clamp. The kernels still mask every index."""
     return _launch_backward(grad_out, indices, num_embeddings, padding_idx, indices_checked=True)
 
 
