@@ -7,8 +7,10 @@ A norm reduces over the last dim of x viewed as (n_rows, n_cols). Two kernel pat
   more to normalise (the Ascend UB holds ~8K fp32 values of each live tensor; hidden 8192 and beyond loop).
 
 Backward kernels produce the weight (and bias) gradient without atomics: each program accumulates its rows'
-share in fp32 and writes one row of a (programs, n_cols) buffer; the host sums that buffer over programs (a
-fixed-order reduction, so results are deterministic). The grid is therefore persistent on every backend: the
+share in fp32 and writes one row of a (programs, n_cols) buffer; ``sum_partials`` sums those buffers over
+programs in a fixed order (deterministic results) and casts them to the parameters' dtypes, one launch for both
+buffers (the weight's and the bias's) instead of a torch sum and a cast per buffer: on a slow host each launch is
+tens of µs of a host-bound backward. The grid is therefore persistent on every backend: the
 vector cores on Ascend, ``cuda_programs_per_sm(n_cols)`` programs per SM on CUDA.
 """
 
@@ -22,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
-from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor
+from ._triton import COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, program_start
 
 # CUDA keeps rows up to this many elements whole in one program (registers, 8-16 warps): one read of x per
 # norm instead of one per pass. Wider rows loop as on Ascend.
@@ -172,3 +174,73 @@ def check_grad(name: str, grad: torch.Tensor, shape, dtype: torch.dtype, device:
         raise TypeError(f"{name} must be {dtype} (the forward output's dtype), got {grad.dtype}")
     if grad.device != device:
         raise RuntimeError(f"{name} must be on device {device}, got {grad.device}")
+
+
+# ---- the parameter gradients' partials, summed over programs ----------------------------------------------------
+
+# Partial rows added per step of the reduction, in a fixed order (the result does not depend on the tile plan's
+# column block). Fixed, not tiled: the columns are what the UB manager tiles.
+PARTIAL_ROWS_PER_STEP = 16
+# Live fp32 values per (PARTIAL_ROWS_PER_STEP x BLOCK_N) tile element, per buffer: the loaded tile and its
+# accumulator (Ascend910B3, two buffers: 192 KiB * 0.8 / (4 * 16 * 4 B) = 614 -> 512 columns).
+SUM_PARTIALS_MEMORY_MULTIPLIER = 2.0
+# CUDA: columns per program, at most. The buffers are small (2 programs per SM x n_cols fp32 each), so the
+# reduction is latency-bound; narrow column blocks give it enough programs (64 at 4096 columns).
+CUDA_SUM_PARTIALS_MAX_COLS = 64
+
+
+@launched_kernel(do_not_specialize=["n_partials"])
+def _sum_partials_kernel(partials_ptr, out_ptr, second_out_ptr, n_partials, n_cols, TWO: tl.constexpr,
+                         BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[c] = sum over p of partials[0, p, c] (and second_out from partials[1] when TWO), fp32 sums in a fixed
+    order, stored in the outputs' dtypes."""
+    p_ids = tl.arange(0, BLOCK_P)[:, None].to(tl.int64)
+    col_ids = tl.arange(0, BLOCK_N)
+    second = partials_ptr + n_partials.to(tl.int64) * n_cols
+    for start in tl.range(program_start(BLOCK_N), n_cols, grid_stride(BLOCK_N)):
+        cols = start + col_ids
+        col_ok = cols < n_cols
+        acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+        second_acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+        for p in tl.range(0, n_partials, BLOCK_P):
+            rows = p + p_ids
+            mask = (rows < n_partials) & col_ok[None, :]
+            offsets = rows * n_cols + cols[None, :]
+            acc += tl.load(partials_ptr + offsets, mask=mask, other=0.0)
+            if TWO:
+                second_acc += tl.load(second + offsets, mask=mask, other=0.0)
+        tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
+        if TWO:
+            tl.store(second_out_ptr + cols, tl.sum(second_acc, axis=0).to(second_out_ptr.dtype.element_ty),
+                     mask=col_ok)
+
+
+class PartialsTiles(NamedTuple):
+    block_cols: int
+    grid: int
+    options: dict
+
+
+@memoised_plan
+def plan_sum_partials(device_type: str, n_cols: int, buffers: int) -> PartialsTiles:
+    request = TileRequest(SUM_PARTIALS_MEMORY_MULTIPLIER * buffers, ((PARTIAL_ROWS_PER_STEP, n_cols),), (1,),
+                          COMPUTE_DTYPE_SIZE, cuda_num_warps=4)
+    plan = plan_launch(device_type, request)
+    block_cols = plan.tiles[0][1]
+    if plan.backend == "cuda":
+        block_cols = min(block_cols, CUDA_SUM_PARTIALS_MAX_COLS)
+    return PartialsTiles(block_cols, plan.grid(-(-n_cols // block_cols)), plan.launch_options())
+
+
+def sum_partials(partials: torch.Tensor, dtypes: Tuple[torch.dtype, ...]) -> Tuple[torch.Tensor, ...]:
+    """One (n_cols,) tensor per buffer of ``partials`` ((buffers, programs, n_cols) fp32, contiguous; one or two
+    buffers), summed over programs in a fixed order and stored in that buffer's dtype from ``dtypes``. The
+    results are separate tensors, never views of one."""
+    buffers, n_partials, n_cols = partials.shape
+    outs = tuple(torch.empty((n_cols,), dtype=dtype, device=partials.device) for dtype in dtypes)
+    tiles = plan_sum_partials(partials.device.type, n_cols, buffers)
+    _sum_partials_kernel[(tiles.grid,)](
+        partials, outs[0], outs[-1], n_partials, n_cols, TWO=buffers == 2, BLOCK_P=PARTIAL_ROWS_PER_STEP,
+        BLOCK_N=tiles.block_cols, **tiles.options
+    )
+    return outs

@@ -30,7 +30,8 @@ import torch
 import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
-from ._norm import as_rows, check_grad, check_norm_input, check_norm_param, cuda_programs_per_sm, param_row
+from ._norm import (as_rows, check_grad, check_norm_input, check_norm_param, cuda_programs_per_sm, param_row,
+                    sum_partials)
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, launched_kernel, new_like, require_launchable,
                       tanh)
 
@@ -193,5 +194,4 @@ def dyt_backward(grad_out: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, g
         x2.stride(0), tiles.col_programs, tiles.row_programs, col_blocks, BLOCK_R=tiles.block_rows,
         BLOCK_N=tiles.block_cols, **tiles.options
     )
-    return (dx, dalpha.sum().reshape(alpha.shape).to(alpha.dtype), partials[0].sum(0).to(gamma.dtype),
-            partials[1].sum(0).to(b_dtype))
+    return (dx, dalpha.sum().reshape(alpha.shape).to(alpha.dtype), *sum_partials(partials, (gamma.dtype, b_dtype)))

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
-from ._norm import as_rows, check_eps, check_grad, load_param, param_row
+from ._norm import as_rows, check_eps, check_grad, load_param, param_row, sum_partials
 from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, new_like, program_start,
                       require_launchable)
 
@@ -290,4 +290,4 @@ def group_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optiona
         positions, dy2.stride(0), x2.stride(0), float(eps), HAS_WEIGHT=weight is not None, WHOLE=tiles.whole,
         BLOCK_C=tiles.block_c, BLOCK_HW=tiles.block_hw, **tiles.options
     )
-    return dx, partials[0].sum(0).to(w_dtype), partials[1].sum(0).to(b_dtype)  # two tensors, never views of one
+    return (dx, *sum_partials(partials, (w_dtype, b_dtype)))

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_param,
-                    load_tile, param_row, plan_rows)
+                    load_tile, param_row, plan_rows, sum_partials)
 from ._triton import grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 FORWARD_MEMORY_MULTIPLIER = 5.0
@@ -235,4 +235,4 @@ def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optiona
         x2.stride(0), float(eps), HAS_WEIGHT=weight is not None, WHOLE_ROW=tiles.whole_row, PREFETCH=tiles.prefetch,
         BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols, **tiles.options
     )
-    return dx, partials[0].sum(0).to(w_dtype), partials[1].sum(0).to(b_dtype)  # two tensors, never views of one
+    return (dx, *sum_partials(partials, (w_dtype, b_dtype)))

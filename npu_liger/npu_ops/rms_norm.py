@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from ._norm import (CudaWideRows, as_rows, check_eps, check_grad, check_norm_input, check_norm_param, load_tile,
-                    param_row, plan_rows)
+                    param_row, plan_rows, sum_partials)
 from ._triton import check_same_layout, grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 LLAMA: tl.constexpr = tl.constexpr(0)
@@ -332,7 +332,7 @@ def _backward(dy, x, weight, ds, eps, offset, casting_mode):
         WHOLE_ROW=tiles.whole_row, PREFETCH=tiles.prefetch, BLOCK_R=tiles.block_rows, BLOCK_N=tiles.block_cols,
         **tiles.options
     )
-    return dx, None if weight is None else dw_partial.sum(0).to(weight.dtype)
+    return dx, None if weight is None else sum_partials(dw_partial[None], (weight.dtype,))[0]
 
 
 def rms_norm_forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float = 1e-6, offset: float = 0.0,
