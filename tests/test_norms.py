@@ -12,7 +12,7 @@ import npu_liger
 from checklist import (DEVICE, FLOAT_DTYPES, assert_close, assert_compiles_without_recompiles, assert_no_alias,
                        UNIT_ROUNDOFF, assert_unchanged, randn, rel_error, run_opcheck, snapshot)
 from npu_liger.npu_ops import rms_norm as rms_kernels
-from npu_liger.npu_ops._norm import plan_rows
+from npu_liger.npu_ops._norm import PARTIAL_ROWS_PER_STEP, plan_rows, plan_sum_partials, sum_partials
 
 MODES = ("llama", "gemma", "none")
 # Last dims: primes, a non-power-of-two head_dim, powers of two; leading shapes of 1-3 dims. (A last dim of 1 is
@@ -266,6 +266,40 @@ def test_weight_gradient_is_deterministic(small_ub):
                      (torch.ops.npu_liger.layer_norm_backward, (dy, x, w, w, 1e-5))):
         first, second = fn(*args), fn(*args)
         assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@given(programs=st.sampled_from([1, 3, PARTIAL_ROWS_PER_STEP, 2 * PARTIAL_ROWS_PER_STEP + 5]),
+       cols=st.sampled_from([1, 7, 130, 1500]), two=st.booleans(),
+       dtypes=st.tuples(st.sampled_from(FLOAT_DTYPES), st.sampled_from(FLOAT_DTYPES)))
+def test_sum_partials_matches_float64_sum(programs, cols, two, dtypes):
+    """The parameter gradients' reduction: each buffer summed over programs (the inner loop turns past
+    PARTIAL_ROWS_PER_STEP programs, the column loop past one column block: 1500 columns are three blocks on the
+    emulated chip's UB), rounded once to its own dtype, two separate tensors, deterministic, partials untouched."""
+    buffers = 2 if two else 1
+    partials = randn((buffers, programs, cols), scale=4.0)
+    before = snapshot([partials])
+    outs = sum_partials(partials, dtypes[:buffers])
+    assert len(outs) == buffers
+    for out, buffer, dtype in zip(outs, partials, dtypes):
+        assert out.dtype == dtype and out.shape == (cols,) and out.is_contiguous()
+        ref = buffer.double().sum(0)
+        # fp32 sums of `programs` terms (first-order bound programs * 2**-24 * sum |terms|), then one rounding
+        # to the output dtype (its unit roundoff, relative)
+        atol = programs * 2.0**-24 * buffer.abs().double().sum(0).cpu()
+        rounding = UNIT_ROUNDOFF.get(dtype, 2.0**-24) * ref.abs().cpu()
+        assert ((out.double().cpu() - ref.cpu()).abs() <= atol + rounding * (1 + 1e-6)).all()
+    if two:
+        assert outs[0].data_ptr() != outs[1].data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(outs, sum_partials(partials, dtypes[:buffers])))
+    assert_unchanged(before, [partials], ["partials"])
+
+
+def test_sum_partials_tiles_columns():
+    """On the emulated chip the UB manager's column block is smaller than 1500 columns, so the case above
+    exercises the grid-stride column loop (a guard for the test's own premise)."""
+    if DEVICE != "cpu":
+        pytest.skip("the emulated UB only exists on CPU runs")
+    assert plan_sum_partials("cpu", 1500).block_cols < 1500
 
 
 def test_unused_sum_output_and_broadcast_gradients():

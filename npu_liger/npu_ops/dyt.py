@@ -175,6 +175,12 @@ def dyt_backward(grad_out: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, g
     when beta is absent (in gamma's dtype then; the autograd formula drops it)."""
     check_dyt_inputs(x, alpha, gamma, beta)
     check_grad("grad_out", grad_out, x.shape, x.dtype, x.device)
+    return launch_dyt_backward(grad_out, x, alpha, gamma, beta)
+
+
+def launch_dyt_backward(grad_out: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor,
+                        beta: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dyt_backward`` without its input checks, for the autograd formula's plain eager calls."""
     n_cols = x.shape[-1]
     dx = new_like(x)
     b_dtype = beta.dtype if beta is not None else gamma.dtype

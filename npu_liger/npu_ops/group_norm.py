@@ -272,6 +272,13 @@ def group_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optiona
     autograd formula drops them), in the parameter's dtype, or x's when it is absent."""
     check_group_norm_inputs(x, weight, bias, num_groups, eps)
     check_grad("grad_out", grad_out, x.shape, x.dtype, x.device)
+    return launch_group_norm_backward(grad_out, x, weight, bias, num_groups, eps)
+
+
+def launch_group_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                               bias: Optional[torch.Tensor], num_groups: int,
+                               eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``group_norm_backward`` without its input checks, for the autograd formula's plain eager calls."""
     n_channels = x.shape[1]
     dx = new_like(x)
     w_dtype = weight.dtype if weight is not None else x.dtype

@@ -217,6 +217,14 @@ def layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optiona
     (the autograd formula drops them), in the parameter's dtype, or x's when it is absent."""
     check_layer_norm_inputs(x, weight, bias, eps)
     check_grad("grad_out", grad_out, x.shape, x.dtype, x.device)
+    return launch_layer_norm_backward(grad_out, x, weight, bias, eps)
+
+
+def launch_layer_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                               bias: Optional[torch.Tensor], eps: float
+                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layer_norm_backward`` without its input checks, for the autograd formula's plain eager calls (the forward
+    checked x and the parameters, autograd made grad_out to the output's shape, dtype and device)."""
     n_cols = x.shape[-1]
     dx = new_like(x)
     w_dtype = weight.dtype if weight is not None else x.dtype

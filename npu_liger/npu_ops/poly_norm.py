@@ -217,6 +217,12 @@ def poly_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Te
     """(grad_x, grad_weight, grad_bias), each in its input's dtype and shape."""
     check_poly_norm_inputs(x, weight, bias, eps)
     check_grad("grad_out", grad_out, x.shape, x.dtype, x.device)
+    return launch_poly_norm_backward(grad_out, x, weight, bias, eps)
+
+
+def launch_poly_norm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                              eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``poly_norm_backward`` without its input checks, for the autograd formula's plain eager calls."""
     dx = new_like(x)
     if x.numel() == 0:  # sums over nothing
         return (dx, torch.zeros(3, dtype=weight.dtype, device=x.device),

@@ -310,6 +310,17 @@ def _forward(x, residual, weight, eps, offset, casting_mode):
     return y, s
 
 
+def launch_rms_norm_backward(grad_out, x, weight, eps, offset, casting_mode):
+    """``rms_norm_backward`` without its input checks, for the autograd formula's plain eager calls (the forward
+    checked x and the weight, autograd made grad_out to the output's shape, dtype and device)."""
+    return _backward(grad_out, x, weight, None, eps, offset, casting_mode)
+
+
+def launch_fused_add_rms_norm_backward(grad_normed, grad_sum, s, weight, eps, offset, casting_mode):
+    """``fused_add_rms_norm_backward`` without its input checks, likewise."""
+    return _backward(grad_normed, s, weight, grad_sum, eps, offset, casting_mode)
+
+
 def _backward(dy, x, weight, ds, eps, offset, casting_mode):
     """(dx, dW); dW is None without a weight."""
     dx = new_like(x)

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from ..npu_ops._norm import check_grad
-from ..npu_ops.dyt import check_dyt_inputs, dyt_backward, dyt_forward
+from ..npu_ops.dyt import check_dyt_inputs, dyt_backward, dyt_forward, launch_dyt_backward
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
 from ._sharding import sharding_rule
 
@@ -34,7 +34,7 @@ dyt_op = define_op("dyt(Tensor x, Tensor alpha, Tensor gamma, Tensor? beta=None)
 dyt_backward_op = define_op(
     "dyt_backward(Tensor grad_out, Tensor x, Tensor alpha, Tensor gamma, Tensor? beta)"
     " -> (Tensor, Tensor, Tensor, Tensor)",
-    kernel=dyt_backward, fake=_dyt_backward_fake)
+    kernel=dyt_backward, fake=_dyt_backward_fake, trusted_kernel=launch_dyt_backward)
 
 
 @sharding_rule(dyt_op)

@@ -7,7 +7,8 @@ from typing import Optional
 import torch
 
 from ..npu_ops._norm import check_grad
-from ..npu_ops.group_norm import check_group_norm_inputs, group_norm_backward, group_norm_forward
+from ..npu_ops.group_norm import (check_group_norm_inputs, group_norm_backward, group_norm_forward,
+                                  launch_group_norm_backward)
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
 from ._sharding import sharding_rule
 
@@ -34,7 +35,7 @@ group_norm_op = define_op(
 group_norm_backward_op = define_op(
     "group_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, int num_groups, float eps)"
     " -> (Tensor, Tensor, Tensor)",
-    kernel=group_norm_backward, fake=_group_norm_backward_fake)
+    kernel=group_norm_backward, fake=_group_norm_backward_fake, trusted_kernel=launch_group_norm_backward)
 
 
 @sharding_rule(group_norm_op)

@@ -7,7 +7,8 @@ from typing import Optional
 import torch
 
 from ..npu_ops._norm import check_grad
-from ..npu_ops.layer_norm import check_layer_norm_inputs, layer_norm_backward, layer_norm_forward
+from ..npu_ops.layer_norm import (check_layer_norm_inputs, launch_layer_norm_backward, layer_norm_backward,
+                                  layer_norm_forward)
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
 from ._sharding import sharding_rule
 
@@ -34,7 +35,7 @@ layer_norm_op = define_op("layer_norm(Tensor x, Tensor? weight=None, Tensor? bia
 layer_norm_backward_op = define_op(
     "layer_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor? bias, float eps)"
     " -> (Tensor, Tensor, Tensor)",
-    kernel=layer_norm_backward, fake=_layer_norm_backward_fake)
+    kernel=layer_norm_backward, fake=_layer_norm_backward_fake, trusted_kernel=launch_layer_norm_backward)
 
 
 @sharding_rule(layer_norm_op)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..npu_ops._norm import check_grad
-from ..npu_ops.poly_norm import check_poly_norm_inputs, poly_norm_backward, poly_norm_forward
+from ..npu_ops.poly_norm import check_poly_norm_inputs, launch_poly_norm_backward, poly_norm_backward, poly_norm_forward
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
 from ._sharding import sharding_rule
 
@@ -29,7 +29,7 @@ poly_norm_op = define_op("poly_norm(Tensor x, Tensor weight, Tensor bias, float 
                          kernel=poly_norm_forward, fake=_poly_norm_fake)
 poly_norm_backward_op = define_op(
     "poly_norm_backward(Tensor grad_out, Tensor x, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)",
-    kernel=poly_norm_backward, fake=_poly_norm_backward_fake)
+    kernel=poly_norm_backward, fake=_poly_norm_backward_fake, trusted_kernel=launch_poly_norm_backward)
 
 
 @sharding_rule(poly_norm_op)

@@ -9,7 +9,8 @@ import torch
 
 from ..npu_ops.rms_norm import (check_fused_add_rms_norm_backward_inputs, check_rms_norm_grad,
                                 check_rms_norm_inputs, fused_add_rms_norm_backward, fused_add_rms_norm_forward,
-                                rms_norm_backward, rms_norm_forward, rms_norm_output_dtype, weight_dtype)
+                                launch_fused_add_rms_norm_backward, launch_rms_norm_backward, rms_norm_backward,
+                                rms_norm_forward, rms_norm_output_dtype, weight_dtype)
 from ..npu_ops._triton import new_like
 from ._op import call_op, define_autograd, define_op, forbid_double_backward
 from ._sharding import sharding_rule
@@ -51,14 +52,15 @@ rms_norm_op = define_op(f"rms_norm(Tensor x, Tensor? weight, {_ARGS}) -> Tensor"
 rms_norm_backward_op = define_op(
     "rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, float eps, float offset, str casting_mode)"
     " -> (Tensor, Tensor?)",
-    kernel=rms_norm_backward, fake=_rms_norm_backward_fake)
+    kernel=rms_norm_backward, fake=_rms_norm_backward_fake, trusted_kernel=launch_rms_norm_backward)
 fused_add_rms_norm_op = define_op(
     f"fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, {_ARGS}) -> (Tensor, Tensor)",
     kernel=fused_add_rms_norm_forward, fake=_fused_add_rms_norm_fake)
 fused_add_rms_norm_backward_op = define_op(
     "fused_add_rms_norm_backward(Tensor grad_normed, Tensor? grad_sum, Tensor s, Tensor? weight, float eps,"
     " float offset, str casting_mode) -> (Tensor, Tensor?)",
-    kernel=fused_add_rms_norm_backward, fake=_fused_add_rms_norm_backward_fake)
+    kernel=fused_add_rms_norm_backward, fake=_fused_add_rms_norm_backward_fake,
+    trusted_kernel=launch_fused_add_rms_norm_backward)
 
 
 def _grads(p, grad_x, weight):
