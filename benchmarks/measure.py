@@ -19,7 +19,7 @@ import math
 import pkgutil
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -160,24 +160,11 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
         if bad:
             row["check"] = "MISMATCH " + "; ".join(bad)
 
-        stage = "forward timing"
-        cycle = itertools.cycle(pool)
-
-        def fwd():
-            inp = next(cycle)
-            with torch.no_grad():
-                fn(*inp.args)
-
+        stage = "timing"
+        fwd, fb = timed_calls(fn, pool)
         row["fwd_ms"] = timer(fwd)
-
-        stage = "forward+backward timing"
-
-        def fb():
-            inp = next(cycle)
-            outs = fn(*inp.args)
-            torch.autograd.grad(outs, inp.leaves, inp.grads_out, allow_unused=True)
-
         row["fb_ms"] = timer(fb)
+        row["fwd_ms_rounds"], row["fb_ms_rounds"] = [row["fwd_ms"]], [row["fb_ms"]]
 
         if device == "cuda":  # the same calls with the host out of the picture: a host-bound row shows here
             stage = "kernel time"
@@ -186,7 +173,7 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
 
         if device == "cuda":  # one forward+backward's peak beyond what was allocated before (the inputs)
             stage = "peak memory"
-            inp = next(cycle)
+            inp = pool[0]
             sync(device)
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
@@ -206,6 +193,46 @@ def check_and_time(variant: str, fn: Callable, case: Case, device: str, ref: Ref
         if device == "cuda":
             torch.cuda.empty_cache()
     return row
+
+
+def timed_calls(fn: Callable, pool: List[Inputs]) -> Tuple[Callable[[], None], Callable[[], None]]:
+    """The two calls the timer times, cycling through ``pool``: the forward under ``torch.no_grad()``, and the
+    forward+backward (``torch.autograd.grad``, no ``.grad`` accumulation)."""
+    cycle = itertools.cycle(pool)
+
+    def fwd():
+        inp = next(cycle)
+        with torch.no_grad():
+            fn(*inp.args)
+
+    def fb():
+        inp = next(cycle)
+        outs = fn(*inp.args)
+        torch.autograd.grad(outs, inp.leaves, inp.grads_out, allow_unused=True)
+
+    return fwd, fb
+
+
+def retime(row: Dict, fn: Callable, case: Case, device: str, timer: Timer, smoke: bool) -> None:
+    """One more timing round of a row ``check_and_time`` made (fresh inputs, the same sets): its forward and
+    forward+backward times are appended to the row's rounds, and ``fwd_ms``/``fb_ms`` become their medians. The
+    harness times every variant of a case once per round, in turn, so that a host whose speed drifts during a
+    run (the GPU machines' hosts do, by tens of percent: BENCHMARKS.md round sixteen) slows every variant alike
+    instead of whichever ran in the slow minute."""
+    first = case.spec.make(case.params, case.dtype, device, _gen(device, 1234))
+    pool = make_pool(case, device, pool_size(first, device, smoke))
+    del first
+    try:
+        fwd, fb = timed_calls(fn, pool)
+        row["fwd_ms_rounds"].append(timer(fwd))
+        row["fb_ms_rounds"].append(timer(fb))
+    finally:
+        pool = None
+        sync(device)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    row["fwd_ms"] = statistics.median(row["fwd_ms_rounds"])
+    row["fb_ms"] = statistics.median(row["fb_ms_rounds"])
 
 
 def kernel_ms(fn: Callable[[], object], calls: int = 10) -> float:

@@ -57,6 +57,9 @@ def parse_args(argv=None):
                         "torch.ops.npu_liger.<op>.default")
     p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warmup (ms)")
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time (ms)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="timing rounds per case (default 3 on CUDA, 1 for --smoke and on CPU): each round times "
+                        "every variant once, in turn; a row reports the median of its rounds")
     p.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (MiB; default 1024 on "
                    "cuda, 16 on cpu)")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="combine results.json of these folders into the output")
@@ -127,6 +130,12 @@ class Session:
     @property
     def cpu(self) -> bool:
         return self.args.device == "cpu"
+
+    @property
+    def rounds(self) -> int:
+        if self.args.rounds is not None:
+            return max(1, self.args.rounds)
+        return 1 if self.cpu or self.args.smoke else 3
 
     def save(self) -> None:
         """Rewrite every output from what was measured so far."""
@@ -210,7 +219,9 @@ def start(args, argv) -> Optional[Session]:
                       use_liger=not (cpu or args.no_liger) and liger.available(), meta=meta)
     _say(f"npu-liger benchmarks on {meta['device_name']}: torch {meta['torch']}, triton {meta['triton']}, "
          f"transformers {meta['transformers']}, liger-kernel {meta['liger_kernel'] or 'not used'}")
-    _say(f"timer: {timer.name}; variants: npu_liger ({meta['npu_entry']}), eager"
+    session.meta["timing_rounds"] = session.rounds
+    _say(f"timer: {timer.name}, median of {session.rounds} round(s) per row; "
+         f"variants: npu_liger ({meta['npu_entry']}), eager"
          f"{', torch.compile' if session.use_compile else ''}{', liger' if session.use_liger else ''}")
     return session
 
@@ -290,16 +301,26 @@ def time_case(session: Session, spec, rank: int, case, timed: List[Tuple[str, Ca
         _say(f"  {spec.name} {case.label}: eager reference failed ({type(exc).__name__}: {exc}); skipped")
         return
     key = dataclasses.asdict(RowKey.of(case, rank, session.meta["copy_gbps"]))
-    for variant, fn in timed:
-        row = {**measure.check_and_time(variant, fn, case, session.device, ref, session.timer, session.args.smoke),
-               **key}
+    rows = [{**measure.check_and_time(variant, fn, case, session.device, ref, session.timer, session.args.smoke),
+             **key} for variant, fn in timed]
+    for _ in range(session.rounds - 1):  # every variant once per round, in turn (measure.retime)
+        for row, (_, fn) in zip(rows, timed):
+            if row["error"]:
+                continue
+            try:
+                measure.retime(row, fn, case, session.device, session.timer, session.args.smoke)
+            except Exception as exc:  # keep the rounds already timed
+                row["note"] = (row["note"] + "; " if row["note"] else "") + f"a timing round failed: {exc}"[:200]
+    for row in rows:
         report.finish_rows([row])
         session.data["rows"].append(row)
-        _say(f"  {spec.name:<13} {case.label:<38} {variant:<13} fwd {report._f(row['fwd_ms'], '.4f')} ms "
+        spread = "" if len(row.get("fb_ms_rounds", ())) < 2 else (
+            f"  rounds f+b {min(row['fb_ms_rounds']):.4f}-{max(row['fb_ms_rounds']):.4f} ms")
+        _say(f"  {spec.name:<13} {case.label:<38} {row['variant']:<13} fwd {report._f(row['fwd_ms'], '.4f')} ms "
              f"({report._f(row['fwd_frac'], '.2f')} of copy)  f+b {report._f(row['fb_ms'], '.4f')} ms "
-             f"({report._f(row['fb_frac'], '.2f')})  {report._check(row)}")
+             f"({report._f(row['fb_frac'], '.2f')}){spread}  {report._check(row)}")
         if row.get("check", "ok") != "ok":
-            session.mismatches.append(f"{spec.name} {case.label} {variant}: {report._check(row)}")
+            session.mismatches.append(f"{spec.name} {case.label} {row['variant']}: {report._check(row)}")
 
 
 def time_ops(session: Session) -> None:

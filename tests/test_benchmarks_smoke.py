@@ -2,6 +2,7 @@
 shapes, wall-clock timer) for geglu only, in a subprocess so TRITON_INTERPRET is set before triton loads."""
 
 import json
+import statistics
 import os
 import shutil
 import subprocess
@@ -48,6 +49,22 @@ def test_smoke_geglu_writes_every_output(tmp_path):
     merged = tmp_path / "merged"
     _run([sys.executable, str(RUN), "--merge", str(out), str(out), "--out", str(merged)])
     assert len(json.loads((merged / "results.json").read_text())["rows"]) == 2
+
+
+def test_timing_rounds_report_the_median_of_interleaved_rounds(tmp_path):
+    """--rounds N times every variant of a case once per round, in turn; each row keeps its N times and reports
+    their median (the smoke run's default is one round)."""
+    out = tmp_path / "rounds"
+    stdout = _run([sys.executable, str(RUN), "--device", "cpu", "--smoke", "--ops", "swiglu", "--rounds", "3",
+                   "--skip", "dispatch,cudagraphs", "--out", str(out)])
+    assert "median of 3 round(s) per row" in stdout
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["timing_rounds"] == 3 and {r["variant"] for r in data["rows"]} == {"npu_liger", "eager"}
+    for row in data["rows"]:
+        for mode in ("fwd", "fb"):
+            times = row[f"{mode}_ms_rounds"]
+            assert len(times) == 3 and all(t > 0 for t in times)
+            assert row[f"{mode}_ms"] == statistics.median(times)
 
 
 def test_outputs_go_to_an_untracked_folder_unless_published():
