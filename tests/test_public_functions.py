@@ -81,6 +81,41 @@ def test_neg_and_conj_views_are_read_by_value(name):
     _assert_same(getattr(npu_liger, public_name(name))(*lazy), getattr(npu_liger, public_name(name))(*plain))
 
 
+def _escaped_from_transform(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a functorch wrapper that outlived its torch.func transform (a "dead" wrapper)."""
+    leaked = []
+
+    def f(u):
+        leaked.append(u * 1)
+        return u.sum()
+
+    torch.func.grad(f)(t.detach())
+    assert torch._C._functorch.is_functorch_wrapped_tensor(leaked[0])
+    return leaked[0]
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "swiglu", "rope"])
+def test_tensors_escaped_from_a_transform_are_read_by_value(name):
+    """A tensor kept from inside torch.func.grad is a functorch wrapper around the data: the public function
+    takes the op (not the eager shortcut, whose autograd Function skips torch's unwrapping), forward and with a
+    gradient."""
+    args = CALLS[name]()
+    escaped = tuple(_escaped_from_transform(a) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                    for a in args)
+    fn = getattr(npu_liger, public_name(name))
+    _assert_same(fn(*escaped), fn(*args))
+    weights = [a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point()
+               and a.dim() == 1 else None for a in args]
+    if any(w is not None for w in weights):
+        mixed = tuple(w if w is not None else e for w, e in zip(weights, escaped, strict=True))
+        out = _flat(fn(*mixed))[0]
+        grads = torch.autograd.grad(out.float().sum(), [w for w in weights if w is not None])
+        plain = tuple(w if w is not None else a for w, a in zip(weights, args, strict=True))
+        want = torch.autograd.grad(_flat(fn(*plain))[0].float().sum(), [w for w in weights if w is not None])
+        for g, w in zip(grads, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
 def test_tvd_of_a_neg_view_matches_torch():
     z = torch.randn(8, 16, dtype=torch.complex64, device=DEVICE)
     p = z.conj().imag  # neg bit
