@@ -4,7 +4,8 @@ gamma and beta (C,) (beta optional), computed in fp32 and rounded once, to x's d
 Backward, with t = tanh(alpha * x) and g = dy * gamma * (1 - t^2):
     dx = alpha * g,  dalpha = sum over all elements of g * x,  dgamma = sum over rows of dy * t,  dbeta = sum of dy
 tanh is recomputed from x (the backward reads x anyway). The parameter gradients go through per-program fp32
-partials summed on the host in a fixed order (deterministic, no atomics).
+partials summed in a fixed order (deterministic, no atomics): dgamma and dbeta by one ``_norm.sum_partials``
+launch, dalpha by torch's sum.
 
 Layout of the work (``plan_dyt``): x is viewed as (n_rows, C) and cut into (BLOCK_R, BLOCK_N) tiles. Program p owns
 the column blocks ``p % col_programs, + col_programs, ...`` and, for each, walks the rows
