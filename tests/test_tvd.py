@@ -1,6 +1,8 @@
 """TVD: every reduction against float64, ignored rows, gradients (exact zeros where p == q), opcheck, compile,
 tiling loops, no mutation, empty and bad input."""
 
+import importlib
+
 import pytest
 import torch
 from hypothesis import assume, given
@@ -346,6 +348,35 @@ def test_eager_training_backward_reads_codes_not_p_and_q(reduction, bwd_multipli
     assert fast.grad_fn is not None and "TvdEager" in type(fast.grad_fn).__name__
     fast.backward(torch.ones_like(fast) * 3.0)
     assert torch.equal(fast, slow) and torch.equal(p.grad, slow_p.grad) and torch.equal(q.grad, slow_q.grad)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("student", ["p", "q"])
+def test_eager_backward_writes_only_the_needed_gradient(reduction, student, monkeypatch):
+    """A distillation teacher needs no gradient: the eager backward neither allocates nor writes it (a quarter
+    of forward+backward's bytes), and the student's gradient keeps the op's bits."""
+    registration = importlib.import_module("npu_liger.registrations.tvd")
+    p, q = make_pair(7, 4100 if DEVICE != "cpu" else 1030, equal_fraction=0.3)
+    labels = make_labels(7, "some")
+    slow_p, slow_q = p.clone().requires_grad_(True), q.clone().requires_grad_(True)
+    slow = tvd_op(slow_p, slow_q, labels, reduction)
+    slow.backward(torch.ones_like(slow) * 3.0)
+    returned = []
+
+    def recording(*args, **kwargs):
+        returned.append(tvd_kernels.tvd_backward_from_codes(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(registration, "tvd_backward_from_codes", recording)
+    leaf, teacher = (p, q) if student == "p" else (q, p)
+    leaf.requires_grad_(True)
+    fast = npu_liger.tvd(p, q, labels, reduction)
+    fast.backward(torch.ones_like(fast) * 3.0)
+    assert len(returned) == 1
+    grad_p, grad_q = returned[0]
+    assert (grad_q is None) == (student == "p") and (grad_p is None) == (student == "q")
+    assert teacher.grad is None and torch.equal(fast, slow)
+    assert torch.equal(leaf.grad, slow_p.grad if student == "p" else slow_q.grad)
 
 
 def test_double_backward_raises_clear_error():

@@ -22,7 +22,8 @@ The backward comes in two forms with bitwise-identical results:
 - from codes (``tvd_forward(..., save_codes=True)`` + ``tvd_backward_from_codes``, the eager training path):
   the forward also stores the sign of p - q as a 2-bit code per element (0: p == q, 1: p > q, 2: p < q,
   3: ignored row), four to a byte, 1/16 of p's bytes in fp32; the backward reads only those codes (and an
-  elementwise grad_out) and writes grad_p and grad_q. Forward + backward moves 4 tensors and the codes.
+  elementwise grad_out) and writes grad_p and grad_q. Forward + backward moves 4 tensors and the codes, 3 when
+  one input needs no gradient (a distillation teacher's q): that gradient is neither allocated nor written.
   Codes layout: a forward tile is (4, QUARTER) columns ``start + slot * QUARTER + lane``; byte
   ``start // 4 + lane`` of the row holds its four slots (slot j in bits 2j, 2j+1). A row has
   ``cdiv(V, 4 * QUARTER) * QUARTER`` bytes; the backward's tasks are (row, tile of BYTES bytes), BYTES a divisor
@@ -146,11 +147,13 @@ def _tvd_bwd_kernel(grad_ptr, p_ptr, q_ptr, labels_ptr, grad_p_ptr, grad_q_ptr, 
 @launched_kernel
 def _tvd_bwd_codes_kernel(grad_ptr, codes_ptr, grad_p_ptr, grad_q_ptr, n_tasks, tiles_per_row, n_cols,
                           grad_stride_row, grad_stride_col, codes_stride_row, HAS_IGNORED: tl.constexpr,
-                          ELEMENTWISE_GRAD: tl.constexpr, QUARTER: tl.constexpr, BYTES: tl.constexpr):
+                          ELEMENTWISE_GRAD: tl.constexpr, STORE_P: tl.constexpr, STORE_Q: tl.constexpr,
+                          QUARTER: tl.constexpr, BYTES: tl.constexpr):
     """grad_p / grad_q from the forward's codes. Task = (row, tile of BYTES code bytes) = (4, BYTES) columns
     ``group * 4 * QUARTER + slot * QUARTER + byte % QUARTER``, tasks in row-major order, so the programs running
     at a time write neighbouring memory (an elementwise kernel's pattern). p, q and the labels are never read.
-    HAS_IGNORED: the forward had labels, so code 3 (ignored row) may occur."""
+    HAS_IGNORED: the forward had labels, so code 3 (ignored row) may occur. STORE_P / STORE_Q: whether that
+    gradient is wanted (a distillation teacher's q needs none: a quarter of the bytes saved)."""
     if not ELEMENTWISE_GRAD:
         half_scale = tl.load(grad_ptr).to(tl.float32) * 0.5  # grad_out / divisor, computed on the device
     slots = tl.arange(0, 4)[:, None]
@@ -175,8 +178,10 @@ def _tvd_bwd_codes_kernel(grad_ptr, codes_ptr, grad_p_ptr, grad_q_ptr, n_tasks, 
         if HAS_IGNORED:  # exact zeros for ignored rows, even for a non-finite grad
             grad_p = tl.where(code == 3, 0.0, grad_p)
         offsets = row64 * n_cols + cols
-        tl.store(grad_p_ptr + offsets, grad_p.to(grad_p_ptr.dtype.element_ty), mask=mask)
-        tl.store(grad_q_ptr + offsets, (-grad_p).to(grad_q_ptr.dtype.element_ty), mask=mask)
+        if STORE_P:
+            tl.store(grad_p_ptr + offsets, grad_p.to(grad_p_ptr.dtype.element_ty), mask=mask)
+        if STORE_Q:
+            tl.store(grad_q_ptr + offsets, (-grad_p).to(grad_q_ptr.dtype.element_ty), mask=mask)
 
 
 def loss_dtype(p: torch.Tensor, q: torch.Tensor) -> torch.dtype:
@@ -298,14 +303,16 @@ def tvd_forward(p: torch.Tensor, q: torch.Tensor, shift_labels: Optional[torch.T
 
 def tvd_backward_from_codes(grad_out: torch.Tensor, saved: TvdCodes, n_rows: int, n_cols: int,
                             p_dtype: torch.dtype, q_dtype: torch.dtype,
-                            reduction: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                            reduction: str, need_p: bool = True,
+                            need_q: bool = True) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """grad_p, grad_q (in p's and q's dtypes) from what ``tvd_forward(..., save_codes=True)`` saved (bitwise the
-    same as ``tvd_backward``); p, q and the labels are not needed."""
+    same as ``tvd_backward``); p, q and the labels are not needed. A gradient not needed (``need_p``,
+    ``need_q``: autograd's ``needs_input_grad``) is None, neither allocated nor written."""
     device = grad_out.device
-    grad_p = torch.empty((n_rows, n_cols), dtype=p_dtype, device=device)
-    grad_q = torch.empty((n_rows, n_cols), dtype=q_dtype, device=device)
+    grad_p = torch.empty((n_rows, n_cols), dtype=p_dtype, device=device) if need_p else None
+    grad_q = torch.empty((n_rows, n_cols), dtype=q_dtype, device=device) if need_q else None
     codes = saved.codes
-    if codes is None:
+    if codes is None or not (need_p or need_q):
         return grad_p, grad_q
     require_launchable(device)
     elementwise = reduction == "none"
@@ -318,9 +325,11 @@ def tvd_backward_from_codes(grad_out: torch.Tensor, saved: TvdCodes, n_rows: int
     code_bytes = min(saved.quarter, _quarter(plan.block))  # powers of two: divides QUARTER
     tiles_per_row = codes.stride(0) // code_bytes
     n_tasks = n_rows * tiles_per_row
+    written = grad_p if need_p else grad_q  # stands in for the one not written (never stored to)
     _tvd_bwd_codes_kernel[(plan.grid(n_tasks),)](
-        grad, codes, grad_p, grad_q, n_tasks, tiles_per_row, n_cols, *grad_strides, codes.stride(0),
-        HAS_IGNORED=saved.has_labels, ELEMENTWISE_GRAD=elementwise, QUARTER=saved.quarter, BYTES=code_bytes,
+        grad, codes, written if grad_p is None else grad_p, written if grad_q is None else grad_q, n_tasks,
+        tiles_per_row, n_cols, *grad_strides, codes.stride(0), HAS_IGNORED=saved.has_labels,
+        ELEMENTWISE_GRAD=elementwise, STORE_P=need_p, STORE_Q=need_q, QUARTER=saved.quarter, BYTES=code_bytes,
         **plan.launch_options()
     )
     return grad_p, grad_q

@@ -119,8 +119,9 @@ def _codes_backward(ctx, grad_out):
     else:
         check_tvd_grad(grad_out, ctx.shape, ctx.device, ctx.reduction, ctx.loss_dtype)
         saved = ctx.saved._replace(codes=codes)
+        need_p, need_q = ctx.needs_input_grad[:2]
         grad_p, grad_q = tvd_backward_from_codes(grad_out, saved, *ctx.shape, ctx.p_dtype, ctx.q_dtype,
-                                                 ctx.reduction)
+                                                 ctx.reduction, need_p, need_q)
     return grad_p, grad_q, None, None, None
 
 

@@ -82,10 +82,13 @@ def _tvd(rows, cols, reduction, label_dtype, q_dtype=None):
 
 
 def _tvd_codes_round_trip(tvd):
-    """The eager training path: forward storing sign codes, then the backward from those codes."""
+    """The eager training path: forward storing sign codes, then the backward from those codes (both gradients,
+    and grad_p alone: a teacher's q needs none)."""
     def tvd_codes_round_trip(p, q, shift_labels, reduction, ignore_index, grad_out):
         _, saved = tvd.tvd_forward(p, q, shift_labels, reduction, ignore_index, save_codes=True)
-        tvd.tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, q.dtype, reduction)
+        for need_q in (True, False):
+            tvd.tvd_backward_from_codes(grad_out, saved, p.shape[0], p.shape[1], p.dtype, q.dtype, reduction,
+                                        need_q=need_q)
     return tvd_codes_round_trip
 
 
