@@ -43,7 +43,7 @@ def main():
     if entry is not None:
         fn, meta = entry.function, entry.packed_metadata
         rows["compiled.run(...) alone"] = us(lambda: entry.run(1, 1, 1, _current_raw_stream(0), fn, meta, None,
-                                                             None, None, *args))
+                                                             None, None, *args, 256))  # 256: BLOCK, by value
     rows["jit_function[grid](...) Triton's path"] = us(
         lambda: getattr(_swiglu_fwd_kernel, "jit_function", _swiglu_fwd_kernel)[(1,)](*args, BLOCK=256))
     rows["torch silu(a) * b (2 launches)"] = us(lambda: F.silu(a) * b)
