@@ -176,9 +176,8 @@ def give_orpo_a_valid_token(name, target, vocab):
        rows=st.sampled_from([None, 1, 4, 9]))
 def test_shapes_match_float64_reference(name, n_pairs, seq, hidden, vocab, rows):
     """Every loss over drawn shapes (one token, one vocabulary entry, a hidden size of 1, chunks of one row or of
-    a part of a pair), fresh inputs each draw. ORPO's odds p / (1 - p) of a sequence of probability 1 are
-    infinite (its loss is NaN, as Liger's and the formula's): a vocabulary of one, or a sequence with no valid token
-    (log-probability 0), is left out for it."""
+    a part of a pair), fresh inputs each draw. ORPO leaves out a vocabulary of one and a sequence with no valid
+    token (a sequence probability of 1 either way: ``give_orpo_a_valid_token``)."""
     assume(name != "orpo" or vocab > 1)
     x, w, target, b = make(n_pairs, seq=seq, hidden=hidden, vocab=vocab)
     give_orpo_a_valid_token(name, target, vocab)

@@ -325,9 +325,9 @@ def tvd_backward_from_codes(grad_out: torch.Tensor, saved: TvdCodes, n_rows: int
     code_bytes = min(saved.quarter, _quarter(plan.block))  # powers of two: divides QUARTER
     tiles_per_row = codes.stride(0) // code_bytes
     n_tasks = n_rows * tiles_per_row
-    written = grad_p if need_p else grad_q  # stands in for the one not written (never stored to)
+    # a gradient not needed gets the other's pointer, never stored to
     _tvd_bwd_codes_kernel[(plan.grid(n_tasks),)](
-        grad, codes, written if grad_p is None else grad_p, written if grad_q is None else grad_q, n_tasks,
+        grad, codes, grad_p if need_p else grad_q, grad_q if need_q else grad_p, n_tasks,
         tiles_per_row, n_cols, *grad_strides, codes.stride(0), HAS_IGNORED=saved.has_labels,
         ELEMENTWISE_GRAD=elementwise, STORE_P=need_p, STORE_Q=need_q, QUARTER=saved.quarter, BYTES=code_bytes,
         **plan.launch_options()
