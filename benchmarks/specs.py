@@ -14,7 +14,7 @@ op                  forward                                              forward
 geglu, swiglu       a, b read, c written: 3 N                            + grad_c, a, b read, grad_a, grad_b: 8 N
 rope family         q, k read and written: 2 (Nq + Nk)                   + dq, dk read and written: 4 (Nq + Nk)
 embedding           gather: T x D read, T x D written                    + grad T x D read, dW V x D written once
-tvd                 p, q read: 2 N                                       + grads written, read back: 4 N
+tvd                 p, q read: 2 N                                       + grad_p written: 3 N (q: no grad)
 rms_norm,           x read, y written: 2 N                               + dy, x read, dx written: 5 N
 layer_norm
 fused_add_rms_norm  x, residual read, y, s written: 4 N                  + dy, ds, s read, dx written: 8 N
@@ -309,8 +309,9 @@ def _make_embedding(p, dtype, device, gen):
 def _make_tvd(p, dtype, device, gen):
     shape = (p["BT"], p["V"])
     prob_p = torch.softmax(_randn(shape, torch.float32, device, gen), dim=-1).to(dtype).requires_grad_(True)
-    prob_q = torch.softmax(_randn(shape, torch.float32, device, gen), dim=-1).to(dtype).requires_grad_(True)
-    return Inputs((prob_p, prob_q), (prob_p, prob_q), (torch.ones((), dtype=dtype, device=device),))
+    # q is the teacher (distillation, TVD's use): no gradient, as Liger-Kernel's TVD gives it none.
+    prob_q = torch.softmax(_randn(shape, torch.float32, device, gen), dim=-1).to(dtype)
+    return Inputs((prob_p, prob_q), (prob_p,), (torch.ones((), dtype=dtype, device=device),))
 
 
 # --- norms --------------------------------------------------------------------------------------------------
@@ -607,8 +608,8 @@ SPECS: Dict[str, OpSpec] = {
         eager=reference.tvd_batchmean,
         npu_args=lambda p, q: (p, q, None, "batchmean", -100),
         bytes_fwd=lambda p, s: 2 * p["BT"] * p["V"] * s,
-        bytes_fb=lambda p, s: 4 * p["BT"] * p["V"] * s,
-        notes="reduction batchmean, no labels",
+        bytes_fb=lambda p, s: 3 * p["BT"] * p["V"] * s,
+        notes="reduction batchmean, no labels; q is the teacher (no gradient)",
     ),
     "cross_entropy": OpSpec(
         name="cross_entropy",
