@@ -1,7 +1,8 @@
 """Round eighteen's probe (run from the repository root on a CUDA machine, PYTHONPATH=.): how much of the rotary
 ops' forward+backward host time is the op template (entry, checks, call_op) and how much the launch path, on
 the GPU host. Host µs per forward+backward (tiny tensors, best of 5 x 1000 calls) and whole-call do_bench medians
-at the harness shape (bsz 4, seq 4096, 32 q / 8 kv heads, head_dim 128, bf16), for: the public function; a bare
+at the harness shape (bsz 4, seq 4096, 32 q / 8 kv heads, head_dim 128, bf16), the variants taking turns to
+lead a round, for: the public function; a bare
 autograd.Function around the same launchers (no entry rule, no input checks, no call_op); Liger-Kernel's."""
 import statistics
 import timeit
@@ -84,8 +85,10 @@ def main():
         big = inputs(4, 4096, 32, 8, 128, mrope)
         vs = variants(mrope)
         host, dev = {k: [] for k in vs}, {k: [] for k in vs}
-        for _ in range(3):
-            for v, fn in vs.items():
+        names = list(vs)
+        for r in range(3):
+            for v in names[r % len(names):] + names[:r % len(names)]:  # each variant leads one round
+                fn = vs[v]
                 q, k, c, s, gq, gk, sec = small
                 call = lambda: fb(fn, q, k, c, s, gq, gk, sec)  # noqa: E731
                 call()
