@@ -249,7 +249,8 @@ def markdown_snippet(data: Dict, plot_name: Optional[str]) -> str:
         f"- copy bandwidth (device-to-device, read + write): {_f(meta.get('copy_gbps'), '.0f')} GB/s; "
         f"timer: {meta.get('timer')}; npu_liger entry: {meta.get('npu_entry')}",
         "- bytes: geglu/swiglu 3 tensors fwd, 8 f+b; rope family q,k read+write fwd, + dq,dk read+write f+b; "
-        "embedding 2·T·D fwd, + T·D grad read + V·D dW f+b; tvd p,q read fwd, + grad_p written f+b (q, the teacher, needs no grad)",
+        "embedding 2·T·D fwd, + T·D grad read + V·D dW f+b; tvd p,q read fwd, + grad_p written f+b "
+        "(q, the teacher, needs no grad)",
         "- kernels alone (CUDA): the same bytes over the summed durations of the kernels one call launches "
         "(torch.profiler, 10 calls), gaps left out; a row far below its kernels-alone figure is bound by the host",
         "",

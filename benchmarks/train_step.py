@@ -20,7 +20,8 @@ Models are built from configs (no downloads), default size: 8 layers, hidden 204
     hf_compiled_causal_mask        torch.compile of HF with npu_liger's causal_mask patch alone (no kernel of ours)
     npu_liger_compiled_launches    the same with NPU_LIGER_INDUCTOR_LAUNCHES=1 (Inductor launches our kernels)
     hf_compiled_cudagraphs         torch.compile(model, mode="reduce-overhead"): CUDA graphs
-    npu_liger_compiled_cudagraphs  the same of apply_to_model(model), NPU_LIGER_INDUCTOR_LAUNCHES=1
+    npu_liger_compiled_cudagraphs  the same of apply_to_model(model) (Inductor launches our kernels: the default there)
+    npu_liger_compiled_cudagraphs_opaque  the same with NPU_LIGER_INDUCTOR_LAUNCHES=0 (our ops opaque in the graphs)
 
 Every variant runs in its own Python process (Liger patches transformers' modules for the whole process; a fresh
 process also gives a clean peak-memory count), builds the model from the same seed and trains on the same
@@ -92,7 +93,7 @@ class Variant:
     compiled: bool = False
     experts: Optional[str] = None  # transformers' experts_implementation (None: its default, grouped_mm where it can)
     compile_mode: Optional[str] = None  # torch.compile's mode (inductor only): "reduce-overhead" is CUDA graphs
-    inductor_launches: bool = False  # NPU_LIGER_INDUCTOR_LAUNCHES=1 in the worker (read when npu_liger is imported)
+    inductor_launches: Optional[str] = None  # NPU_LIGER_INDUCTOR_LAUNCHES in the worker (read at npu_liger's import)
 
 
 VARIANTS = {
@@ -105,10 +106,11 @@ VARIANTS = {
     "hf_compiled": Variant(compiled=True),
     "npu_liger_compiled": Variant(npu_liger="full", compiled=True),
     "hf_compiled_causal_mask": Variant(npu_liger="causal_mask", compiled=True),
-    "npu_liger_compiled_launches": Variant(npu_liger="full", compiled=True, inductor_launches=True),
+    "npu_liger_compiled_launches": Variant(npu_liger="full", compiled=True, inductor_launches="1"),
     "hf_compiled_cudagraphs": Variant(compiled=True, compile_mode="reduce-overhead"),
-    "npu_liger_compiled_cudagraphs": Variant(npu_liger="full", compiled=True, compile_mode="reduce-overhead",
-                                             inductor_launches=True),
+    "npu_liger_compiled_cudagraphs": Variant(npu_liger="full", compiled=True, compile_mode="reduce-overhead"),
+    "npu_liger_compiled_cudagraphs_opaque": Variant(npu_liger="full", compiled=True, compile_mode="reduce-overhead",
+                                                    inductor_launches="0"),
 }
 
 SAME_OPS = {"rope", "mlp", "swiglu", "geglu"}  # what Liger's partial patch (and ours to match it) switch on
@@ -446,8 +448,8 @@ def launch(job: dict, timeout_s: float) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     if job["device"] == "cpu":
         env["TRITON_INTERPRET"] = "1"
-    if VARIANTS[job["variant"]].inductor_launches:
-        env["NPU_LIGER_INDUCTOR_LAUNCHES"] = "1"
+    if VARIANTS[job["variant"]].inductor_launches is not None:
+        env["NPU_LIGER_INDUCTOR_LAUNCHES"] = VARIANTS[job["variant"]].inductor_launches
     try:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)], cwd=REPO,
                               env=env, capture_output=True, text=True, timeout=timeout_s)

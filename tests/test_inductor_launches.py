@@ -1,10 +1,12 @@
 """Compiled graphs that launch our kernels from Inductor's own code (``registrations/_op.py``, "Compiled graphs and
 our kernels"): with static sizes on CUDA, every op not listed in ``OPAQUE_IN_GRAPHS`` is decomposed into its
 launcher and its Triton kernels appear in the generated code, with the results of the eager op (same kernels,
-same tile plan); with symbolic sizes the op stays opaque and nothing recompiles; CUDA graphs capture both.
+same tile plan); with symbolic sizes the op stays opaque and nothing recompiles; CUDA graphs capture both. By
+default this happens in graphs compiled with CUDA graphs only (``inductor_launches_in_this_graph``); the tests
+of the launches themselves switch it on for every graph, as NPU_LIGER_INDUCTOR_LAUNCHES=1 does.
 
-CUDA only: the interpreter's kernels cannot run on a tracer's tensors, so on CPU every op stays opaque (the last
-test checks that the table says so)."""
+CUDA only: the interpreter's kernels cannot run on a tracer's tensors, so on CPU every op stays opaque (the
+table test checks that the table says so); the rule that decides when is checked on every device."""
 
 from __future__ import annotations
 
@@ -14,11 +16,18 @@ import torch
 import npu_liger
 from checklist import DEVICE
 from npu_liger.npu_ops._triton import interpreter_enabled
-from npu_liger.registrations._op import INDUCTOR_LAUNCHES, OPAQUE_IN_GRAPHS
+from npu_liger.registrations import _op
+from npu_liger.registrations._op import INDUCTOR_LAUNCHES, OPAQUE_IN_GRAPHS, inductor_launches_in_this_graph
 from op_cases import CASES, public_name
 
-on_cuda = pytest.mark.skipif(DEVICE != "cuda" or interpreter_enabled() or not INDUCTOR_LAUNCHES,
-                             reason="Inductor launches need CUDA Triton and NPU_LIGER_INDUCTOR_LAUNCHES=1")
+on_cuda = pytest.mark.skipif(DEVICE != "cuda" or interpreter_enabled() or INDUCTOR_LAUNCHES == "0",
+                             reason="Inductor launches need CUDA Triton (and NPU_LIGER_INDUCTOR_LAUNCHES not 0)")
+
+
+@pytest.fixture
+def launches_in_every_graph(monkeypatch):
+    """As NPU_LIGER_INDUCTOR_LAUNCHES=1: static-size graphs launch the kernels whether or not they use CUDA graphs."""
+    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", "1")
 
 
 def _public_op_name(op) -> str:
@@ -46,9 +55,28 @@ def _step(fn, args, positions):
     return [o.detach() for o in outs], [leaves[i].grad for i in positions]
 
 
+@pytest.mark.parametrize("setting", ["auto", "1", "0"])
+def test_the_setting_decides_which_graphs_launch_the_kernels(monkeypatch, setting):
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", setting)
+    for cudagraphs in (False, True):
+        with inductor_config.patch({"triton.cudagraphs": cudagraphs}):
+            want = {"1": True, "0": False, "auto": cudagraphs}[setting]
+            assert inductor_launches_in_this_graph() is want, (setting, cudagraphs)
+
+
+def test_reduce_overhead_mode_turns_on_the_option_the_rule_reads():
+    """The default rule reads Inductor's ``triton.cudagraphs``, which torch.compile(mode="reduce-overhead") sets."""
+    from torch._inductor import list_mode_options
+
+    assert list_mode_options("reduce-overhead").get("triton.cudagraphs") is True
+    assert not list_mode_options("default").get("triton.cudagraphs", False)
+
+
 @on_cuda
 @pytest.mark.parametrize("name", TRACED)
-def test_static_graph_launches_the_kernels_itself(name):
+def test_static_graph_launches_the_kernels_itself(name, launches_in_every_graph):
     from torch._inductor.utils import run_and_get_code
 
     case = CASES[name]
@@ -67,7 +95,7 @@ def test_static_graph_launches_the_kernels_itself(name):
 
 
 @on_cuda
-def test_symbolic_sizes_keep_the_op_opaque_without_recompiles():
+def test_symbolic_sizes_keep_the_op_opaque_without_recompiles(launches_in_every_graph):
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -82,8 +110,27 @@ def test_symbolic_sizes_keep_the_op_opaque_without_recompiles():
 
 
 @on_cuda
-def test_cuda_graphs_capture_the_launched_kernels():
+def test_plain_compile_keeps_the_ops_opaque_by_default(monkeypatch):
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", "auto")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: npu_liger.swiglu(a, b) * 2, fullgraph=True, dynamic=False)
+    a, b = (torch.randn(3, 64, device="cuda") for _ in range(2))
+    got, code = run_and_get_code(compiled, a, b)
+    assert "torch.ops.npu_liger.swiglu" in "\n".join(code)
+    torch.testing.assert_close(got, npu_liger.swiglu(a, b) * 2, rtol=0, atol=0)
+
+
+@on_cuda
+@pytest.mark.parametrize("setting", ["auto", "1"])
+def test_cuda_graphs_capture_the_launched_kernels(monkeypatch, setting):
+    """Under mode="reduce-overhead" the kernels are launched from the generated code (by default too) and the
+    CUDA graphs capture them."""
     from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", setting)
 
     torch._dynamo.reset()
     counters.clear()
@@ -104,11 +151,18 @@ def test_cuda_graphs_capture_the_launched_kernels():
     model = Block().cuda()
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     x = torch.randn(8, 64, device="cuda")
-    for _ in range(3):
+
+    def step():
         model.zero_grad(set_to_none=True)
         torch.compiler.cudagraph_mark_step_begin()
         loss = compiled(x)
         loss.backward()
+        return loss
+
+    _, code = run_and_get_code(step)
+    assert "torch.ops.npu_liger" not in "\n".join(code), "a CUDA-graph compile still calls an opaque op"
+    for _ in range(2):
+        loss = step()
     assert counters["inductor"].get("cudagraph_skips", 0) == 0
     torch.testing.assert_close(loss, model(x), rtol=1e-5, atol=1e-5)
 
@@ -116,7 +170,7 @@ def test_cuda_graphs_capture_the_launched_kernels():
 def test_the_table_names_why_an_op_stays_opaque():
     for op, why in OPAQUE_IN_GRAPHS.items():
         assert isinstance(why, str) and why, op
-    if interpreter_enabled() or not INDUCTOR_LAUNCHES:
-        assert not TRACED, "under the interpreter, or without the opt-in, every op must stay opaque"
+    if interpreter_enabled() or INDUCTOR_LAUNCHES == "0":
+        assert not TRACED, "under the interpreter, or with NPU_LIGER_INDUCTOR_LAUNCHES=0, every op must stay opaque"
     else:
         assert "swiglu" in TRACED and "rms_norm" in TRACED

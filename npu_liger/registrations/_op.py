@@ -45,12 +45,12 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
         LIBRARY.impl(name, kernel, key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
-    if opaque_in_graphs is None and not interpreter_enabled() and INDUCTOR_LAUNCHES:
+    if opaque_in_graphs is None and not interpreter_enabled() and INDUCTOR_LAUNCHES != "0":
         _launch_kernels_in_graphs(name, kernel)
     else:
         OPAQUE_IN_GRAPHS[overload] = opaque_in_graphs or (
             "the Triton interpreter (CPU) runs the kernels" if interpreter_enabled()
-            else f"{INDUCTOR_LAUNCHES_ENV} is not 1 (the default: no measured gain, BENCHMARKS round twelve)")
+            else f"{INDUCTOR_LAUNCHES_ENV}=0")
     _KERNELS[overload] = serialized(trusted_kernel) if trusted_kernel is not None else kernel
     return overload
 
@@ -63,12 +63,16 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
 # graph's sizes being fixed and guarded and the CUDA plan depending on nothing else. Symbolic sizes (dynamic=True,
 # or Dynamo's automatic dynamic after a size changes) keep the op opaque, so its tiles are still chosen at run
 # time, per call, and nothing recompiles. Other devices keep it opaque too: torch_npu's Inductor is not checked
-# here (no NPU), and the interpreter cannot run on fake tensors.
-# Opt-in: its GPU checks pass (BENCHMARKS.md, round eleven), but on the H200 training step it measured no gain
-# over the opaque ops (round twelve: 111.0k against 112.0k tokens/s), so the default keeps the simpler graphs.
+# here (no NPU, and torch_npu cannot be imported without CANN), and the interpreter cannot run on fake tensors.
+# When: by default only in graphs that Inductor compiles with CUDA graphs (``mode="reduce-overhead"``, or the
+# option ``triton.cudagraphs``): a replay then runs none of our Python, 1.13x our plain compiled training step
+# (BENCHMARKS.md, round seventeen), where an opaque op's launcher could not be captured the same way (round
+# thirteen: 1.01x). In other graphs the ops stay opaque: the launches measured no gain there (round twelve:
+# 111.0k against 112.0k tokens/s) and the graphs stay simpler. NPU_LIGER_INDUCTOR_LAUNCHES=1 launches them in
+# every static-size CUDA graph, =0 in none.
 INDUCTOR_LAUNCHES_ENV = "NPU_LIGER_INDUCTOR_LAUNCHES"
-INDUCTOR_LAUNCHES = os.environ.get(INDUCTOR_LAUNCHES_ENV, "0") == "1"
-OPAQUE_IN_GRAPHS = {}  # op overload -> why compiled graphs call it as an opaque op
+INDUCTOR_LAUNCHES = os.environ.get(INDUCTOR_LAUNCHES_ENV, "auto")  # "auto" (unset), "1" or "0"
+OPAQUE_IN_GRAPHS = {}  # op overload -> why compiled graphs always call it as an opaque op
 CHUNKED_LOSS = ("a chunked fused-linear loss: traced, Inductor would plan every chunk's matmul and logits buffers "
                 "itself, outside the op's chunk memory policy")
 
@@ -82,12 +86,24 @@ def _launch_kernels_in_graphs(name: str, launcher: Callable) -> None:
     def decompose(mode, func, types, args, kwargs):
         if any(t not in known_types for t in types):
             return NotImplemented  # tensor subclasses (DTensor, ...) dispatch on their own
-        if not torch._functorch.config.decompose_custom_triton_ops or not _static_cuda_call(args, kwargs):
+        if (not inductor_launches_in_this_graph() or not torch._functorch.config.decompose_custom_triton_ops
+                or not _static_cuda_call(args, kwargs)):
             return mode.__torch_dispatch__(func, types, args, kwargs)  # the opaque op
         with mode, capture_launches_in_graph():
             return launcher(*args, **kwargs)
 
     torch.library.register_torch_dispatch(f"{NAMESPACE}::{name}", FunctionalTensorMode, decompose, lib=LIBRARY)
+
+
+def inductor_launches_in_this_graph() -> bool:
+    """Whether the graph being traced launches our kernels itself (the comment above): always with
+    NPU_LIGER_INDUCTOR_LAUNCHES=1, never with =0, else when Inductor compiles this graph with CUDA graphs (its
+    ``triton.cudagraphs`` option, which ``mode="reduce-overhead"`` sets for the whole compilation)."""
+    if INDUCTOR_LAUNCHES in ("0", "1"):
+        return INDUCTOR_LAUNCHES == "1"
+    from torch._inductor import config as inductor_config
+
+    return bool(inductor_config.triton.cudagraphs)
 
 
 def _static_cuda_call(args, kwargs) -> bool:
