@@ -66,6 +66,21 @@ def test_the_setting_decides_which_graphs_launch_the_kernels(monkeypatch, settin
             assert inductor_launches_in_this_graph() is want, (setting, cudagraphs)
 
 
+@pytest.mark.parametrize("value, want", [(None, "auto"), ("", "auto"), ("auto", "auto"), ("1", "1"), (" 0 ", "0")])
+def test_the_setting_is_read_from_the_environment(monkeypatch, value, want):
+    if value is None:
+        monkeypatch.delenv(_op.INDUCTOR_LAUNCHES_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_op.INDUCTOR_LAUNCHES_ENV, value)
+    assert _op.inductor_launches_setting() == want
+
+
+def test_an_unknown_setting_is_an_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(_op.INDUCTOR_LAUNCHES_ENV, "true")
+    with pytest.raises(ValueError, match="NPU_LIGER_INDUCTOR_LAUNCHES must be 1, 0 or auto.*'true'"):
+        _op.inductor_launches_setting()
+
+
 def test_reduce_overhead_mode_turns_on_the_option_the_rule_reads():
     """The default rule reads Inductor's ``triton.cudagraphs``, which torch.compile(mode="reduce-overhead") sets."""
     from torch._inductor import list_mode_options

@@ -71,7 +71,18 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
 # 111.0k against 112.0k tokens/s) and the graphs stay simpler. NPU_LIGER_INDUCTOR_LAUNCHES=1 launches them in
 # every static-size CUDA graph, =0 in none.
 INDUCTOR_LAUNCHES_ENV = "NPU_LIGER_INDUCTOR_LAUNCHES"
-INDUCTOR_LAUNCHES = os.environ.get(INDUCTOR_LAUNCHES_ENV, "auto")  # "auto" (unset), "1" or "0"
+
+
+def inductor_launches_setting() -> str:
+    """NPU_LIGER_INDUCTOR_LAUNCHES as read at import: "auto" (unset or empty), "1" or "0"."""
+    value = os.environ.get(INDUCTOR_LAUNCHES_ENV, "").strip() or "auto"
+    if value not in ("auto", "1", "0"):
+        raise ValueError(f"{INDUCTOR_LAUNCHES_ENV} must be 1, 0 or auto (the default: launches in graphs compiled "
+                         f"with CUDA graphs), got {value!r}")
+    return value
+
+
+INDUCTOR_LAUNCHES = inductor_launches_setting()
 OPAQUE_IN_GRAPHS = {}  # op overload -> why compiled graphs always call it as an opaque op
 CHUNKED_LOSS = ("a chunked fused-linear loss: traced, Inductor would plan every chunk's matmul and logits buffers "
                 "itself, outside the op's chunk memory policy")
