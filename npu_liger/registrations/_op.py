@@ -66,8 +66,9 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
 # here (no NPU, and torch_npu cannot be imported without CANN), and the interpreter cannot run on fake tensors.
 # When: by default only in graphs that Inductor compiles with CUDA graphs (``mode="reduce-overhead"``, or the
 # option ``triton.cudagraphs``): a replay then runs none of our Python, 1.13x our plain compiled training step
-# (BENCHMARKS.md, round seventeen), where an opaque op's launcher could not be captured the same way (round
-# thirteen: 1.01x). In other graphs the ops stay opaque: the launches measured no gain there (round twelve:
+# (BENCHMARKS.md, round seventeen, an H100), where the CUDA-graph step with opaque ops measured 1.01x (round
+# thirteen, an H200; ``train_step.py``'s ``_opaque`` variant is the same-machine A/B). In other graphs the ops
+# stay opaque: the launches measured no gain there (round twelve:
 # 111.0k against 112.0k tokens/s) and the graphs stay simpler. NPU_LIGER_INDUCTOR_LAUNCHES=1 launches them in
 # every static-size CUDA graph, =0 in none.
 INDUCTOR_LAUNCHES_ENV = "NPU_LIGER_INDUCTOR_LAUNCHES"
