@@ -68,9 +68,8 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
 # option ``triton.cudagraphs``): a replay then runs none of our Python, 1.13x our plain compiled training step
 # (BENCHMARKS.md, round seventeen, an H100), where the CUDA-graph step with opaque ops measured 1.01x (round
 # thirteen, an H200; ``train_step.py``'s ``_opaque`` variant is the same-machine A/B). In other graphs the ops
-# stay opaque: the launches measured no gain there (round twelve:
-# 111.0k against 112.0k tokens/s) and the graphs stay simpler. NPU_LIGER_INDUCTOR_LAUNCHES=1 launches them in
-# every static-size CUDA graph, =0 in none.
+# stay opaque: the launches measured no gain there (round twelve: 111.0k against 112.0k tokens/s) and the graphs
+# stay simpler. NPU_LIGER_INDUCTOR_LAUNCHES=1 launches them in every static-size CUDA graph, =0 in none.
 INDUCTOR_LAUNCHES_ENV = "NPU_LIGER_INDUCTOR_LAUNCHES"
 
 
@@ -111,7 +110,7 @@ def inductor_launches_in_this_graph() -> bool:
     """Whether the graph being traced launches our kernels itself (the comment above): always with
     NPU_LIGER_INDUCTOR_LAUNCHES=1, never with =0, else when Inductor compiles this graph with CUDA graphs (its
     ``triton.cudagraphs`` option, which ``mode="reduce-overhead"`` sets for the whole compilation)."""
-    if INDUCTOR_LAUNCHES in ("0", "1"):
+    if INDUCTOR_LAUNCHES != "auto":
         return INDUCTOR_LAUNCHES == "1"
     from torch._inductor import config as inductor_config
 
