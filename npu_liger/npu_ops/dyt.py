@@ -1,7 +1,8 @@
 """Dynamic Tanh (DyT) over the last dim: ``y = gamma * tanh(alpha * x) + beta`` for x (..., C), alpha one element,
 gamma and beta (C,) (beta optional), computed in fp32 and rounded once, to x's dtype.
 
-Backward, with t = tanh(alpha * x) and g = dy * gamma * (1 - t^2):
+Backward, with t = tanh(alpha * x) and g = dy * gamma * (1 - t^2) (1 - t^2 from e^-2|alpha x| directly: from t it
+cancels where tanh saturates, and dalpha sums those terms):
     dx = alpha * g,  dalpha = sum over all elements of g * x,  dgamma = sum over rows of dy * t,  dbeta = sum of dy
 tanh is recomputed from x (the backward reads x anyway). The parameter gradients go through per-program fp32
 partials summed in a fixed order (deterministic, no atomics): dgamma and dbeta by one ``_norm.sum_partials``
@@ -19,8 +20,8 @@ Memory analysis (fp32 elements per (BLOCK_R x BLOCK_N) tile; gamma and beta rows
 - forward: x as loaded, x in fp32, alpha * x, and the tanh helper's |y|, e^-2|y|, |y|^2, its far and near
   branches and t, y before the cast -> 10.0 (Ascend910B3: 192 KiB * 0.8 / (10 * 4 B) = 3932 -> 2048 elements per
   tile; the Ascend check found 4096 fitting fp32 only with multi-buffer off);
-- backward: x, dy as loaded and in fp32, the tanh temporaries and t, g, dx, the three products summed into the
-  partials -> 12.0 (3276 -> 2048 elements).
+- backward: x, dy as loaded and in fp32, the temporaries of tanh and of its derivative, t, g, dx, the three
+  products summed into the partials -> 12.0 (3276 -> 2048 elements).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._norm import (as_rows, check_grad, check_norm_input, check_norm_param, cuda_programs_per_sm, param_row,
                     sum_partials)
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, launched_kernel, new_like, require_launchable,
-                      tanh)
+                      tanh, tanh_derivative)
 
 FORWARD_MEMORY_MULTIPLIER = 10.0
 BACKWARD_MEMORY_MULTIPLIER = 12.0
@@ -123,8 +124,9 @@ def _dyt_bwd_kernel(dy_ptr, x_ptr, alpha_ptr, gamma_ptr, dx_ptr, dalpha_ptr, dga
             mask = (rows < n_rows) & col_mask
             x = tl.load(x_ptr + rows * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + rows * dy_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            t = tanh(x * alpha)
-            g = dy * gamma * (1.0 - t * t)
+            y = x * alpha
+            t = tanh(y)
+            g = dy * gamma * tanh_derivative(y)
             tl.store(dx_ptr + rows * n_cols + cols, (g * alpha).to(dx_ptr.dtype.element_ty), mask=mask)
             dalpha_acc += tl.sum(g * x, axis=1)
             dgamma_acc += tl.sum(dy * t, axis=0)
