@@ -76,7 +76,8 @@ def check_against_float64(name, x, w, target, b, e, rows):
     want = ref(leaves64[0], leaves64[1], target, leaves64[2], e)
     (want[0] * 1.3).backward()
     assert len(out) == len(want)
-    output_floors = {**_logits_sum_floors(name, x, w, b, e), **_log_prob_floors(name, x, w, b, target, e)}
+    output_floors = {**_logits_sum_floors(name, x, w, b, e), **_log_prob_floors(name, x, w, b, target, e),
+                     **(_orpo_odds_floors(x, w, b, target) if name == "orpo" else {})}
     for i, (o, r) in enumerate(zip(out, want)):
         assert o.dtype == torch.float32
         assert_close(o, r, what=f"{name} output {i}", floor=output_floors.get(i, 0.0))
@@ -136,6 +137,33 @@ def _log_prob_floors(name, x, w, b, target, e):
     floors = {1 + i: ratio(err[h], logps[h]) for i, h in enumerate(halves)}
     floors.update({6 + i: ratio((err + ref_err)[h], (logps - ref_logps)[h]) for i, h in enumerate(halves)})
     return floors
+
+
+def _orpo_odds_floors(x, w, b, target):
+    """{output index: floor} for ORPO's metrics, the means over pairs of logsigmoid(log_odds) (8) and of log_odds
+    (9), log_odds = (c - r) - (log(1 - e^c) - log(1 - e^r)) of the chosen and rejected average log-probabilities.
+    An error d in c moves log_odds by d / (1 - e^c), so c's fp32 bound (``_log_prob_floors``: 8 unit roundoffs of
+    the largest |logit| per valid token, averaged like c) grows by that factor where c nears 0, and log_odds of
+    both signs cancel in their mean (a drawn case: 1.4e-5 against the fixed 1e-5). Per pair: that propagated bound
+    plus 8 unit roundoffs of |c| + |r| + the two logs; over |the mean|, summed like the mean."""
+    u = 2.0**-24
+    x64, w64, b64 = x.detach().double(), w.detach().double(), b.detach().double()
+    lp, valid, _ = token_logps(x64, w64, b64, target)
+    count = valid.sum(-1).clamp_min(1)
+    bound = 8 * u * ((x64.abs() @ w64.abs().T + b64.abs()).amax(-1) * valid).sum(-1) / count
+    s = lp.sum(-1) / count
+    log_rest = torch.log1p(-torch.exp(s))
+    per_seq = (bound + 8 * u * (s.abs() + log_rest.abs())) / (1.0 - torch.exp(s))
+    n = x.shape[0] // 2
+    per_pair = per_seq[:n] + per_seq[n:]
+    log_odds = (s[:n] - s[n:]) - (log_rest[:n] - log_rest[n:])
+    logsig = torch.nn.functional.logsigmoid(log_odds)
+
+    def floor(bound_sum, value_sum):
+        return float(bound_sum / value_sum.abs().clamp_min(1e-300))
+    # logsigmoid's slope is sigmoid(-log_odds) <= 1
+    return {8: floor((torch.sigmoid(-log_odds) * per_pair).sum(), logsig.sum()),
+            9: floor(per_pair.sum(), log_odds.sum())}
 
 
 def _gradient_cancellation_floors(ref, x, w, b, target, e):
