@@ -76,8 +76,7 @@ def check_against_float64(name, x, w, target, b, e, rows):
     want = ref(leaves64[0], leaves64[1], target, leaves64[2], e)
     (want[0] * 1.3).backward()
     assert len(out) == len(want)
-    output_floors = {**_logits_sum_floors(name, x, w, b, e), **_log_prob_floors(name, x, w, b, target, e),
-                     **(_orpo_odds_floors(x, w, b, target) if name == "orpo" else {})}
+    output_floors = {**_logits_sum_floors(name, x, w, b, e), **_log_prob_floors(name, x, w, b, target, e)}
     for i, (o, r) in enumerate(zip(out, want)):
         assert o.dtype == torch.float32
         assert_close(o, r, what=f"{name} output {i}", floor=output_floors.get(i, 0.0))
@@ -101,26 +100,43 @@ def _logits_sum_floors(name, x, w, b, e):
     return {3: floor(chosen), 4: floor(~chosen)}
 
 
+AVERAGED = ("dpo_precomputed_ref_avg", "orpo", "simpo")  # CALLS that average log-probabilities over valid tokens
+
+
+def _sequence_bounds(x, w, b, target, average):
+    """Per sequence, in float64: (a bound on fp32's error in its log-probability, the log-probability), summed or
+    averaged over its valid tokens as the call does. A token's log-probability is a logit minus a logsumexp of
+    about its size, so near 0 (a confident token) fp32's error is relative to the logits, not to it: 8 unit
+    roundoffs of the largest |logit| bound (sum of |x[h] * w[v, h]| + |b[v]|) and of the token's own value."""
+    u = 2.0**-24
+    x64, w64 = x.detach().double(), w.detach().double()
+    b64 = None if b is None else b.detach().double()
+    lp, valid, _ = token_logps(x64, w64, b64, target)
+    mag = x64.abs() @ w64.abs().T + (0.0 if b64 is None else b64.abs())
+    valid = valid.to(lp.dtype)
+    err, logps = 8 * u * ((mag.amax(-1) + lp.abs()) * valid).sum(-1), (lp * valid).sum(-1)
+    if average:
+        count = valid.sum(-1).clamp_min(1)
+        err, logps = err / count, logps / count
+    return err, logps
+
+
 def _log_prob_floors(name, x, w, b, target, e):
     """{output index: floor} for the sequences' log-probabilities (pairs: outputs 1 and 2; KTO: their sums over
-    the desirable and undesirable sequences, 1 and 2) and the rewards (pairs: 6 and 7; KTO: 5 and 6). A token's
-    log-probability is a logit minus a logsumexp of about its size, so near 0 (a confident token) fp32's error is
-    relative to the logits, not to it: 8 unit roundoffs of the largest |logit| bound (sum of |x[h] * w[v, h]| +
-    |b[v]|) per valid token, over |the sum| (a drawn simpo case: 9.0e-5 against the fixed 1e-5 for a log-probability
-    of -6e-4). Rewards add the reference model's bound where ours computes it (its fp32 inputs)."""
-    u = 2.0**-24
-
-    def bound_and_logps(x_, w_, b_):
-        x64, w64 = x_.detach().double(), w_.detach().double()
-        b64 = None if b_ is None else b_.detach().double()
-        lp, valid, _ = token_logps(x64, w64, b64, target)
-        mag = x64.abs() @ w64.abs().T + (0.0 if b64 is None else b64.abs())
-        valid = valid.to(lp.dtype)
-        return 8 * u * (mag.amax(-1) * valid).sum(-1), (lp * valid).sum(-1)
-
-    err, logps = bound_and_logps(x, w, b)
-    ref_err = bound_and_logps(*e["ref_model"])[0] if name in ("dpo", "kto") else torch.zeros_like(err)
-    ref_logps = e["ref64_seq"] if name in ("dpo", "kto") else torch.zeros_like(logps)
+    the desirable and undesirable sequences, 1 and 2) and the rewards (pairs: 6 and 7; KTO: 5 and 6), from
+    ``_sequence_bounds`` (a drawn simpo case: 9.0e-5 against the fixed 1e-5 for a log-probability of -6e-4).
+    Rewards subtract the reference log-probabilities: the reference model's bound where ours computes it (its fp32
+    inputs), and the two cancel where they are close (a drawn case with precomputed ones near -5: 1.6e-5)."""
+    average = name in AVERAGED
+    err, logps = _sequence_bounds(x, w, b, target, average)
+    if name in ("dpo", "kto"):
+        ref_err, ref_logps = _sequence_bounds(*e["ref_model"], target, average)
+    elif name == "dpo_precomputed_ref_avg":
+        ref_logps = torch.cat(e["ref_logps"]).double()
+        ref_err = torch.zeros_like(ref_logps)
+    else:
+        ref_logps = ref_err = torch.zeros_like(logps)
+    reward_err = err + ref_err + 4 * 2.0**-24 * (logps.abs() + ref_logps.abs())  # + the subtraction's rounding
 
     def ratio(bound, value):
         return float(bound.norm() / value.norm().clamp_min(1e-300))
@@ -131,38 +147,32 @@ def _log_prob_floors(name, x, w, b, target, e):
         def split_floor(bound, value):
             return (ratio(bound[labels].sum(), value[labels].sum()), ratio(bound[~labels].sum(), value[~labels].sum()))
 
-        return dict(zip((1, 2, 5, 6), (*split_floor(err, logps), *split_floor(err + ref_err, logps - ref_logps))))
+        return dict(zip((1, 2, 5, 6), (*split_floor(err, logps), *split_floor(reward_err, logps - ref_logps))))
     n = x.shape[0] // 2
     halves = (slice(0, n), slice(n, None))
     floors = {1 + i: ratio(err[h], logps[h]) for i, h in enumerate(halves)}
-    floors.update({6 + i: ratio((err + ref_err)[h], (logps - ref_logps)[h]) for i, h in enumerate(halves)})
+    floors.update({6 + i: ratio(reward_err[h], (logps - ref_logps)[h]) for i, h in enumerate(halves)})
+    if name == "orpo":
+        floors.update(_orpo_odds_floors(err, logps))
     return floors
 
 
-def _orpo_odds_floors(x, w, b, target):
+def _orpo_odds_floors(err, logps):
     """{output index: floor} for ORPO's metrics, the means over pairs of logsigmoid(log_odds) (8) and of log_odds
-    (9), log_odds = (c - r) - (log(1 - e^c) - log(1 - e^r)) of the chosen and rejected average log-probabilities.
-    An error d in c moves log_odds by d / (1 - e^c), so c's fp32 bound (``_log_prob_floors``: 8 unit roundoffs of
-    the largest |logit| per valid token, averaged like c) grows by that factor where c nears 0, and log_odds of
-    both signs cancel in their mean (a drawn case: 1.4e-5 against the fixed 1e-5). Per pair: that propagated bound
-    plus 8 unit roundoffs of |c| + |r| + the two logs; over |the mean|, summed like the mean."""
-    u = 2.0**-24
-    x64, w64, b64 = x.detach().double(), w.detach().double(), b.detach().double()
-    lp, valid, _ = token_logps(x64, w64, b64, target)
-    count = valid.sum(-1).clamp_min(1)
-    bound = 8 * u * ((x64.abs() @ w64.abs().T + b64.abs()).amax(-1) * valid).sum(-1) / count
-    s = lp.sum(-1) / count
-    log_rest = torch.log1p(-torch.exp(s))
-    per_seq = (bound + 8 * u * (s.abs() + log_rest.abs())) / (1.0 - torch.exp(s))
-    n = x.shape[0] // 2
+    (9), log_odds = (c - r) - (log(1 - e^c) - log(1 - e^r)) of the chosen and rejected average log-probabilities
+    (``_sequence_bounds``' per-sequence bounds and values). An error d in c moves log_odds by d / (1 - e^c), which
+    grows where c nears 0, and log_odds of both signs cancel in their mean (a drawn case: 1.4e-5 against the fixed
+    1e-5). Per pair: the propagated bounds plus 8 unit roundoffs of the two logs; over |the mean|, summed like it."""
+    log_rest = torch.log1p(-torch.exp(logps))
+    per_seq = (err + 8 * 2.0**-24 * log_rest.abs()) / (1.0 - torch.exp(logps))
+    n = logps.shape[0] // 2
     per_pair = per_seq[:n] + per_seq[n:]
-    log_odds = (s[:n] - s[n:]) - (log_rest[:n] - log_rest[n:])
-    logsig = torch.nn.functional.logsigmoid(log_odds)
+    log_odds = (logps[:n] - logps[n:]) - (log_rest[:n] - log_rest[n:])
 
     def floor(bound_sum, value_sum):
         return float(bound_sum / value_sum.abs().clamp_min(1e-300))
     # logsigmoid's slope is sigmoid(-log_odds) <= 1
-    return {8: floor((torch.sigmoid(-log_odds) * per_pair).sum(), logsig.sum()),
+    return {8: floor((torch.sigmoid(-log_odds) * per_pair).sum(), torch.nn.functional.logsigmoid(log_odds).sum()),
             9: floor(per_pair.sum(), log_odds.sum())}
 
 
