@@ -2,6 +2,7 @@
 Liger's conventions: masking by ignore_index, sum or mean log-probabilities, the NLL of the chosen sequences, the
 metrics' definitions), chunks shrunk so every loop turns, gradients of input, weight and bias, opcheck, compile."""
 
+from typing import NamedTuple
 from unittest import mock
 
 import pytest
@@ -33,6 +34,7 @@ def chunks_of(rows):
     return mock.patch.object(core, "chunk_rows", lambda n_rows, hidden, vocab: rows)
 
 
+ORPO_BETA = 0.2
 CALLS = {  # name -> (our call, reference call) of (x, w, target, b, extra)
     "dpo": (lambda x, w, t, b, e: npu_liger.fused_linear_dpo(x, w, t, b, *e["ref_model"], None, None, -100, 0.2,
                                                              0.1, True, 0.5, False),
@@ -42,8 +44,8 @@ CALLS = {  # name -> (our call, reference call) of (x, w, target, b, extra)
                                                          0.0, False, 1.0, True),
         lambda x, w, t, b, e: pair_reference("dpo", x, w, t, b, [r.double() for r in e["ref_logps"]], 0.3, 0.0,
                                              False, 1.0, True)),
-    "orpo": (lambda x, w, t, b, e: npu_liger.fused_linear_orpo(x, w, t, b, -100, 0.2, True),
-             lambda x, w, t, b, e: pair_reference("orpo", x, w, t, b, None, 0.2, nll=True, average=True)),
+    "orpo": (lambda x, w, t, b, e: npu_liger.fused_linear_orpo(x, w, t, b, -100, ORPO_BETA, True),
+             lambda x, w, t, b, e: pair_reference("orpo", x, w, t, b, None, ORPO_BETA, nll=True, average=True)),
     "simpo": (lambda x, w, t, b, e: npu_liger.fused_linear_simpo(x, w, t, b, -100, 2.0, 0.7, 0.1, True, 0.5),
               lambda x, w, t, b, e: pair_reference("simpo", x, w, t, b, None, 2.0, 0.1, True, 0.7, True, 0.5)),
     "cpo": (lambda x, w, t, b, e: npu_liger.fused_linear_cpo(x, w, t, b, -100, 0.1, 1.0, 0.0, True, False),
@@ -80,7 +82,8 @@ def check_against_float64(name, x, w, target, b, e, rows):
     for i, (o, r) in enumerate(zip(out, want)):
         assert o.dtype == torch.float32
         assert_close(o, r, what=f"{name} output {i}", floor=output_floors.get(i, 0.0))
-    floors = _gradient_cancellation_floors(ref, x, w, b, target, e)
+    sequence_rel = _orpo_conditioning(x, w, b, target).coefficient if name == "orpo" else None
+    floors = _gradient_cancellation_floors(ref, x, w, b, target, e, sequence_rel)
     for what, got, r, floor in zip(("input", "weight", "bias"), leaves, leaves64, floors):
         assert_close(got.grad, r.grad, what=f"{name} grad {what}", floor=floor)
 
@@ -122,9 +125,10 @@ def _sequence_bounds(x, w, b, target, average):
 
 
 def _log_prob_floors(name, x, w, b, target, e):
-    """{output index: floor} for the sequences' log-probabilities (pairs: outputs 1 and 2; KTO: their sums over
-    the desirable and undesirable sequences, 1 and 2) and the rewards (pairs: 6 and 7; KTO: 5 and 6), from
-    ``_sequence_bounds`` (a drawn simpo case: 9.0e-5 against the fixed 1e-5 for a log-probability of -6e-4).
+    """{output index: floor} for the sequences' log-probabilities (pairs: outputs 1 and 2, and the chosen ones' NLL,
+    5; KTO: their sums over the desirable and undesirable sequences, 1 and 2) and the rewards (pairs: 6 and 7;
+    KTO: 5 and 6), from ``_sequence_bounds`` (a drawn simpo case: 9.0e-5 against the fixed 1e-5 for a
+    log-probability of -6e-4).
     Rewards subtract the reference log-probabilities: the reference model's bound where ours computes it (its fp32
     inputs), and the two cancel where they are close (a drawn case with precomputed ones near -5: 1.6e-5)."""
     average = name in AVERAGED
@@ -152,44 +156,71 @@ def _log_prob_floors(name, x, w, b, target, e):
     halves = (slice(0, n), slice(n, None))
     floors = {1 + i: ratio(err[h], logps[h]) for i, h in enumerate(halves)}
     floors.update({6 + i: ratio(reward_err[h], (logps - ref_logps)[h]) for i, h in enumerate(halves)})
+    # output 5, the chosen sequences' NLL: their tokens' log-probabilities summed (a drawn single token: 1.9e-5)
+    sum_err, sums = _sequence_bounds(x, w, b, target, False) if average else (err, logps)
+    floors[5] = ratio(sum_err[:n].sum(), sums[:n].sum())
     if name == "orpo":
-        floors.update(_orpo_odds_floors(err, logps))
+        floors.update(_orpo_floors(x, w, b, target))
     return floors
 
 
-def _orpo_odds_floors(err, logps):
-    """{output index: floor} for ORPO's metrics, the means over pairs of logsigmoid(log_odds) (8) and of log_odds
-    (9), log_odds = (c - r) - (log(1 - e^c) - log(1 - e^r)) of the chosen and rejected average log-probabilities
-    (``_sequence_bounds``' per-sequence bounds and values). An error d in c moves log_odds by d / (1 - e^c), which
-    grows where c nears 0, and log_odds of both signs cancel in their mean (a drawn case: 1.4e-5 against the fixed
-    1e-5). Per pair: the propagated bounds plus 8 unit roundoffs of the two logs; over |the mean|, summed like it."""
+class OrpoConditioning(NamedTuple):
+    coefficient: torch.Tensor  # per sequence: relative error bound of its gradient coefficient
+    log_odds: torch.Tensor  # per pair: log_odds, and the error bound of it
+    log_odds_error: torch.Tensor
+
+
+def _orpo_conditioning(x, w, b, target):
+    """How fp32's errors in ORPO's average log-probabilities c (chosen) and r (rejected) (``_sequence_bounds``)
+    grow: log_odds = (c - r) - (log(1 - e^c) - log(1 - e^r)) moves by d / (1 - e^c) for an error d in c, which is
+    large where c nears 0 (a confident sequence), and so does the gradient coefficient
+    -beta * sigmoid(-log_odds) / (1 - e^c) (relative: d e^c / (1 - e^c) from the denominator, sigmoid(log_odds)
+    times log_odds' error from the numerator). Drawn cases: a log_odds mean off by 1.4e-5 and an input gradient
+    by 3.3e-5, against the fixed 1e-5. Per sequence: its bound plus 8 unit roundoffs of |log(1 - e^c)|, over
+    1 - e^c."""
+    err, logps = _sequence_bounds(x, w, b, target, True)
     log_rest = torch.log1p(-torch.exp(logps))
     per_seq = (err + 8 * 2.0**-24 * log_rest.abs()) / (1.0 - torch.exp(logps))
     n = logps.shape[0] // 2
-    per_pair = per_seq[:n] + per_seq[n:]
+    log_odds_error = per_seq[:n] + per_seq[n:]
     log_odds = (logps[:n] - logps[n:]) - (log_rest[:n] - log_rest[n:])
+    coefficient = per_seq + (torch.sigmoid(log_odds) * log_odds_error).repeat(2)
+    return OrpoConditioning(coefficient, log_odds, log_odds_error)
+
+
+def _orpo_floors(x, w, b, target):
+    """{output index: floor} for ORPO's loss (0; its NLL part, not ill-conditioned, left out of the size, so the
+    floor is larger than needed) and its metrics, the means over pairs of logsigmoid(log_odds) (8) and of log_odds
+    (9), where log_odds of both signs cancel: ``_orpo_conditioning``'s bounds summed like the means, over them."""
+    cond = _orpo_conditioning(x, w, b, target)
+    slope_weighted = (torch.sigmoid(-cond.log_odds) * cond.log_odds_error).sum()  # logsigmoid's slope <= 1
+    log_sigmoid = torch.nn.functional.logsigmoid(cond.log_odds).sum()
 
     def floor(bound_sum, value_sum):
         return float(bound_sum / value_sum.abs().clamp_min(1e-300))
-    # logsigmoid's slope is sigmoid(-log_odds) <= 1
-    return {8: floor((torch.sigmoid(-log_odds) * per_pair).sum(), torch.nn.functional.logsigmoid(log_odds).sum()),
-            9: floor(per_pair.sum(), log_odds.sum())}
+    return {0: floor(slope_weighted, log_sigmoid), 8: floor(slope_weighted, log_sigmoid),
+            9: floor(cond.log_odds_error.sum(), cond.log_odds.sum())}
 
 
-def _gradient_cancellation_floors(ref, x, w, b, target, e):
+def _gradient_cancellation_floors(ref, x, w, b, target, e, sequence_rel=None):
     """The relative errors that summing fp32 terms allows for the gradients of input, weight and bias (each a sum
     over logits' gradients g: of g[r, v] * w[v, :] over v, of g[r, v] * x[r, :] over r, of g[r, v] over r): 8 fp32
     unit roundoffs per term (g itself comes out of softmax, the loss's coefficient and a product) times the sum of
     |terms| over |sum|, norm-wise. Chosen and rejected rows pull the other way, so with a vocabulary of two the
-    bias gradient can cancel to a small fraction of its terms (a drawn case: 1.5e-5 against the fixed 1e-5)."""
+    bias gradient can cancel to a small fraction of its terms (a drawn case: 1.5e-5 against the fixed 1e-5).
+    ``sequence_rel``: per sequence, a relative error its rows' g carry on top (ORPO's ill-conditioned coefficient,
+    ``_orpo_conditioning``)."""
     g = _logit_grads64(ref, x, w, b, target, e)
     x2 = x.detach().double().reshape(-1, x.shape[-1])
     w64 = w.detach().double()
+    rel = torch.full((g.shape[0], 1), 8 * 2.0**-24, dtype=g.dtype, device=g.device)
+    if sequence_rel is not None:
+        rel = rel + sequence_rel.repeat_interleave(x.shape[1])[:, None]
+    g_err = rel * g.abs()
 
-    def floor(terms_abs_sum, total):
-        return 8 * 2.0**-24 * float(terms_abs_sum.norm() / total.norm().clamp_min(1e-300))
-    return (floor(g.abs() @ w64.abs(), g @ w64), floor(g.abs().T @ x2.abs(), g.T @ x2),
-            floor(g.abs().sum(0), g.sum(0)))
+    def floor(error_bound, total):
+        return float(error_bound.norm() / total.norm().clamp_min(1e-300))
+    return (floor(g_err @ w64.abs(), g @ w64), floor(g_err.T @ x2.abs(), g.T @ x2), floor(g_err.sum(0), g.sum(0)))
 
 
 @pytest.mark.parametrize("rows", [None, 5, 11])

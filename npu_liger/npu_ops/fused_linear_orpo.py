@@ -24,8 +24,14 @@ def check_orpo_inputs(input, weight, target, bias, ignore_index, beta, compute_n
     check_beta("beta", beta)
 
 
+def _log1mexp(v):
+    """log(1 - e^v) for v <= 0, to a few roundings (Maechler, "Accurately computing log(1 - exp(-|a|))"): near 0,
+    1 - e^v from a rounded e^v keeps few digits, so it is -expm1(v) there; below -log 2, log1p(-e^v)."""
+    return torch.where(v > -0.6931471805599453, torch.log(-torch.expm1(v)), torch.log1p(-torch.exp(v)))
+
+
 def _log_odds(chosen, rejected):
-    return (chosen - rejected) - (torch.log1p(-torch.exp(chosen)) - torch.log1p(-torch.exp(rejected)))
+    return (chosen - rejected) - (_log1mexp(chosen) - _log1mexp(rejected))
 
 
 def fused_linear_orpo_forward(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
