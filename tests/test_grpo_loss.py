@@ -37,11 +37,15 @@ def make_inputs(n_seq, seq_len, vocab, dtype=torch.float32, extra=1, mask_dtype=
     return logits, ids, advantages, mask, old_logp, ref_logp
 
 
+def _token_logps64(logits64, ids, temperature):
+    """The completion tokens' float64 log-probabilities (the logits' extra last position left out)."""
+    return (logits64[:, :ids.shape[1]] / temperature).log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+
+
 def _ratio_near(logits64, inputs, temperature, bounds):
     """Tokens whose float64 importance ratio lies within 1e-5 of a clip bound."""
-    ids, old = inputs[1], inputs[4]
-    seq_len = ids.shape[1]
-    logp = (logits64[:, :seq_len] / temperature).log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+    old = inputs[4]
+    logp = _token_logps64(logits64, inputs[1], temperature)
     ratio = torch.ones_like(logp) if old is None else torch.exp(logp - old.double())
     return torch.stack([(ratio - b).abs() < 1e-5 for b in bounds]).any(0)
 
@@ -58,7 +62,7 @@ def _coefficient_cancellation_floor(logits64, inputs, temperature, beta, eps_low
     seq_len = ids.shape[1]
     grad = logits64.grad[:, :seq_len]
     z = logits64.detach()[:, :seq_len] / temperature
-    logp = z.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+    logp = _token_logps64(logits64.detach(), ids, temperature)
     old = logp if old is None else old.double()
     ratio = torch.exp(logp - old)
     adv = adv.double()[:, None]

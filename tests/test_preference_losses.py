@@ -35,6 +35,7 @@ def chunks_of(rows):
 
 
 ORPO_BETA = 0.2
+FP32_UNIT = 2.0**-24  # fp32's unit roundoff, what the floors below count in
 CALLS = {  # name -> (our call, reference call) of (x, w, target, b, extra)
     "dpo": (lambda x, w, t, b, e: npu_liger.fused_linear_dpo(x, w, t, b, *e["ref_model"], None, None, -100, 0.2,
                                                              0.1, True, 0.5, False),
@@ -82,7 +83,8 @@ def check_against_float64(name, x, w, target, b, e, rows):
     for i, (o, r) in enumerate(zip(out, want)):
         assert o.dtype == torch.float32
         assert_close(o, r, what=f"{name} output {i}", floor=output_floors.get(i, 0.0))
-    sequence_rel = _orpo_conditioning(x, w, b, target).coefficient if name == "orpo" else None
+    sequence_rel = (_orpo_conditioning(*_sequence_bounds(x, w, b, target, True)).coefficient if name == "orpo"
+                    else None)
     floors = _gradient_cancellation_floors(ref, x, w, b, target, e, sequence_rel)
     for what, got, r, floor in zip(("input", "weight", "bias"), leaves, leaves64, floors):
         assert_close(got.grad, r.grad, what=f"{name} grad {what}", floor=floor)
@@ -99,8 +101,13 @@ def _logits_sum_floors(name, x, w, b, e):
     chosen = e["labels"] if name == "kto" else torch.arange(x.shape[0], device=x.device) < n
 
     def floor(rows):
-        return 8 * 2.0**-24 * float(abs_logits[rows].sum() / logits[rows].sum().abs().clamp_min(1e-300))
+        return _ratio(8 * FP32_UNIT * abs_logits[rows].sum(), logits[rows].sum())
     return {3: floor(chosen), 4: floor(~chosen)}
+
+
+def _ratio(bound, value):
+    """A floor: |bound| over |value|, norm-wise (the error bound of a value, per element, over the value)."""
+    return float(bound.norm() / value.norm().clamp_min(1e-300))
 
 
 AVERAGED = ("dpo_precomputed_ref_avg", "orpo", "simpo")  # CALLS that average log-probabilities over valid tokens
@@ -111,13 +118,12 @@ def _sequence_bounds(x, w, b, target, average):
     averaged over its valid tokens as the call does. A token's log-probability is a logit minus a logsumexp of
     about its size, so near 0 (a confident token) fp32's error is relative to the logits, not to it: 8 unit
     roundoffs of the largest |logit| bound (sum of |x[h] * w[v, h]| + |b[v]|) and of the token's own value."""
-    u = 2.0**-24
     x64, w64 = x.detach().double(), w.detach().double()
     b64 = None if b is None else b.detach().double()
     lp, valid, _ = token_logps(x64, w64, b64, target)
     mag = x64.abs() @ w64.abs().T + (0.0 if b64 is None else b64.abs())
     valid = valid.to(lp.dtype)
-    err, logps = 8 * u * ((mag.amax(-1) + lp.abs()) * valid).sum(-1), (lp * valid).sum(-1)
+    err, logps = 8 * FP32_UNIT * ((mag.amax(-1) + lp.abs()) * valid).sum(-1), (lp * valid).sum(-1)
     if average:
         count = valid.sum(-1).clamp_min(1)
         err, logps = err / count, logps / count
@@ -140,27 +146,24 @@ def _log_prob_floors(name, x, w, b, target, e):
         ref_err = torch.zeros_like(ref_logps)
     else:
         ref_logps = ref_err = torch.zeros_like(logps)
-    reward_err = err + ref_err + 4 * 2.0**-24 * (logps.abs() + ref_logps.abs())  # + the subtraction's rounding
-
-    def ratio(bound, value):
-        return float(bound.norm() / value.norm().clamp_min(1e-300))
-
+    reward_err = err + ref_err + 4 * FP32_UNIT * (logps.abs() + ref_logps.abs())  # + the subtraction's rounding
     if name == "kto":
         labels = e["labels"]
 
         def split_floor(bound, value):
-            return (ratio(bound[labels].sum(), value[labels].sum()), ratio(bound[~labels].sum(), value[~labels].sum()))
+            return (_ratio(bound[labels].sum(), value[labels].sum()),
+                    _ratio(bound[~labels].sum(), value[~labels].sum()))
 
         return dict(zip((1, 2, 5, 6), (*split_floor(err, logps), *split_floor(reward_err, logps - ref_logps))))
     n = x.shape[0] // 2
     halves = (slice(0, n), slice(n, None))
-    floors = {1 + i: ratio(err[h], logps[h]) for i, h in enumerate(halves)}
-    floors.update({6 + i: ratio(reward_err[h], (logps - ref_logps)[h]) for i, h in enumerate(halves)})
+    floors = {1 + i: _ratio(err[h], logps[h]) for i, h in enumerate(halves)}
+    floors.update({6 + i: _ratio(reward_err[h], (logps - ref_logps)[h]) for i, h in enumerate(halves)})
     # output 5, the chosen sequences' NLL: their tokens' log-probabilities summed (a drawn single token: 1.9e-5)
     sum_err, sums = _sequence_bounds(x, w, b, target, False) if average else (err, logps)
-    floors[5] = ratio(sum_err[:n].sum(), sums[:n].sum())
-    if name == "orpo":
-        floors.update(_orpo_floors(x, w, b, target))
+    floors[5] = _ratio(sum_err[:n].sum(), sums[:n].sum())
+    if name == "orpo":  # in AVERAGED: err and logps are ORPO's averages
+        floors.update(_orpo_floors(_orpo_conditioning(err, logps)))
     return floors
 
 
@@ -170,17 +173,16 @@ class OrpoConditioning(NamedTuple):
     log_odds_error: torch.Tensor
 
 
-def _orpo_conditioning(x, w, b, target):
-    """How fp32's errors in ORPO's average log-probabilities c (chosen) and r (rejected) (``_sequence_bounds``)
-    grow: log_odds = (c - r) - (log(1 - e^c) - log(1 - e^r)) moves by d / (1 - e^c) for an error d in c, which is
-    large where c nears 0 (a confident sequence), and so does the gradient coefficient
+def _orpo_conditioning(err, logps):
+    """How fp32's errors ``err`` in ORPO's average log-probabilities ``logps`` (``_sequence_bounds``: c chosen, r
+    rejected) grow: log_odds = (c - r) - (log(1 - e^c) - log(1 - e^r)) moves by d / (1 - e^c) for an error d in c,
+    which is large where c nears 0 (a confident sequence), and so does the gradient coefficient
     -beta * sigmoid(-log_odds) / (1 - e^c) (relative: d e^c / (1 - e^c) from the denominator, sigmoid(log_odds)
     times log_odds' error from the numerator). Drawn cases: a log_odds mean off by 1.4e-5 and an input gradient
     by 3.3e-5, against the fixed 1e-5. Per sequence: its bound plus 8 unit roundoffs of |log(1 - e^c)|, over
     1 - e^c."""
-    err, logps = _sequence_bounds(x, w, b, target, True)
     log_rest = torch.log1p(-torch.exp(logps))
-    per_seq = (err + 8 * 2.0**-24 * log_rest.abs()) / (1.0 - torch.exp(logps))
+    per_seq = (err + 8 * FP32_UNIT * log_rest.abs()) / (1.0 - torch.exp(logps))
     n = logps.shape[0] // 2
     log_odds_error = per_seq[:n] + per_seq[n:]
     log_odds = (logps[:n] - logps[n:]) - (log_rest[:n] - log_rest[n:])
@@ -188,18 +190,14 @@ def _orpo_conditioning(x, w, b, target):
     return OrpoConditioning(coefficient, log_odds, log_odds_error)
 
 
-def _orpo_floors(x, w, b, target):
+def _orpo_floors(cond: "OrpoConditioning"):
     """{output index: floor} for ORPO's loss (0; its NLL part, not ill-conditioned, left out of the size, so the
     floor is larger than needed) and its metrics, the means over pairs of logsigmoid(log_odds) (8) and of log_odds
     (9), where log_odds of both signs cancel: ``_orpo_conditioning``'s bounds summed like the means, over them."""
-    cond = _orpo_conditioning(x, w, b, target)
     slope_weighted = (torch.sigmoid(-cond.log_odds) * cond.log_odds_error).sum()  # logsigmoid's slope <= 1
     log_sigmoid = torch.nn.functional.logsigmoid(cond.log_odds).sum()
-
-    def floor(bound_sum, value_sum):
-        return float(bound_sum / value_sum.abs().clamp_min(1e-300))
-    return {0: floor(slope_weighted, log_sigmoid), 8: floor(slope_weighted, log_sigmoid),
-            9: floor(cond.log_odds_error.sum(), cond.log_odds.sum())}
+    return {0: _ratio(slope_weighted, log_sigmoid), 8: _ratio(slope_weighted, log_sigmoid),
+            9: _ratio(cond.log_odds_error.sum(), cond.log_odds.sum())}
 
 
 def _gradient_cancellation_floors(ref, x, w, b, target, e, sequence_rel=None):
@@ -213,14 +211,12 @@ def _gradient_cancellation_floors(ref, x, w, b, target, e, sequence_rel=None):
     g = _logit_grads64(ref, x, w, b, target, e)
     x2 = x.detach().double().reshape(-1, x.shape[-1])
     w64 = w.detach().double()
-    rel = torch.full((g.shape[0], 1), 8 * 2.0**-24, dtype=g.dtype, device=g.device)
+    rel = torch.full((g.shape[0], 1), 8 * FP32_UNIT, dtype=g.dtype, device=g.device)
     if sequence_rel is not None:
         rel = rel + sequence_rel.repeat_interleave(x.shape[1])[:, None]
     g_err = rel * g.abs()
-
-    def floor(error_bound, total):
-        return float(error_bound.norm() / total.norm().clamp_min(1e-300))
-    return (floor(g_err @ w64.abs(), g @ w64), floor(g_err.T @ x2.abs(), g.T @ x2), floor(g_err.sum(0), g.sum(0)))
+    return (_ratio(g_err @ w64.abs(), g @ w64), _ratio(g_err.T @ x2.abs(), g.T @ x2),
+            _ratio(g_err.sum(0), g.sum(0)))
 
 
 @pytest.mark.parametrize("rows", [None, 5, 11])
@@ -366,4 +362,4 @@ def test_orpo_log1mexp_keeps_full_precision_near_zero():
     from npu_liger.npu_ops.fused_linear_orpo import _log1mexp
     c = -torch.logspace(-7, 1.9, 400, device=DEVICE)
     want = torch.log1p(-torch.exp(c.double()))
-    assert float(((_log1mexp(c).double() - want) / want).abs().max()) <= 4 * 2.0**-24
+    assert float(((_log1mexp(c).double() - want) / want).abs().max()) <= 4 * FP32_UNIT
