@@ -199,7 +199,9 @@ def _sum_partials_kernel(partials_ptr, out_ptr, second_out_ptr, n_partials, n_co
     order, stored in the outputs' dtypes."""
     p_ids = tl.arange(0, BLOCK_P)[:, None].to(tl.int64)
     col_ids = tl.arange(0, BLOCK_N)
-    second = partials_ptr + n_partials.to(tl.int64) * n_cols
+    # n_partials may arrive as a constexpr 1 (Inductor's launches and wrap_triton's mutation analysis specialise
+    # it), which has no .to(): widen it through a tensor
+    second = partials_ptr + (tl.program_id(0) * 0 + n_partials).to(tl.int64) * n_cols
     for start in tl.range(program_start(BLOCK_N), n_cols, grid_stride(BLOCK_N)):
         cols = start + col_ids
         col_ok = cols < n_cols

@@ -277,7 +277,7 @@ class LaunchedKernel:
 
     def __getitem__(self, grid):
         if _graph_capture.active:  # a traced graph records the launch (``capture_launches_in_graph``)
-            return torch.library.wrap_triton(self.jit_function)[grid]
+            return functools.partial(_recorded_launch, torch.library.wrap_triton(self.jit_function)[grid])
         if LaunchedKernel._direct is None:
             LaunchedKernel._direct = _direct_launch_supported()
         if not LaunchedKernel._direct or callable(grid) or _launch_hooks_set():
@@ -300,6 +300,16 @@ class LaunchedKernel:
         compiled.run(grid[0], grid_1, grid_2, _current_raw_stream(device), compiled.function,
                      compiled.packed_metadata, None, None, None, *values)  # None: no launch metadata, no hooks
         return compiled
+
+
+# Launch options a recorded launch drops: torch's wrap_triton takes num_warps, num_stages and num_ctas as launch
+# options and any other keyword as a kernel argument. A register cap (maxnreg) is a tuning choice, never needed for
+# correctness, so Inductor's launch goes without it.
+_UNRECORDED_OPTIONS = ("maxnreg",)
+
+
+def _recorded_launch(launch, *args, **kwargs):
+    return launch(*args, **{k: v for k, v in kwargs.items() if k not in _UNRECORDED_OPTIONS})
 
 
 def launched_kernel(fn=None, **jit_options):

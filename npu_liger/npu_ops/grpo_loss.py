@@ -28,10 +28,12 @@ Outputs: the fp32 loss, per-token kl (B, L) (0 where masked, or everywhere witho
 is_clipped (B, L) as 0./1. (0 where masked) and clip_ratio = sum(is_clipped) / max(sum m, 1): what TRL logs.
 
 One program walks whole token rows (persistent grid-stride loop over the B * L tokens): pass 1 an online
-log-sum-exp over V in UB-sized blocks, the token's logit one scalar load; pass 2 (with the gradient) writes
-``-softmax * c`` per block and then the token's own column, ``(1 - p) * c``, as a scalar store (as cross_entropy
-does). A completion id outside [0, V) gives a NaN loss (its column is clamped before the load, never read out of
-the row) and a ValueError on CPU or a device-side assert on CUDA.
+log-sum-exp over V in UB-sized blocks (no iteration at all for a masked token), the token's logit one scalar load;
+pass 2 (with the gradient) writes ``-softmax * c`` per block (zeros for a masked token, no load) and then the
+token's own column, ``(1 - p) * c``, as a scalar store (as cross_entropy does). The logits' and gradient's row
+strides are specialised by Triton (16-element divisibility), so a contiguous bf16 row is read and written in
+16-byte vectors on CUDA. A completion id outside [0, V) gives a NaN loss (its column is clamped before the load,
+never read out of the row) and a ValueError on CPU or a device-side assert on CUDA.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from typing import Optional, Tuple
 import torch
 import triton.language as tl
 
-from ._triton import (check_float_tensor, flat_plan, grid_stride, launched_kernel, new_like, program_start,
+from ..tiling import TileRequest, memoised_plan, plan_launch
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, new_like, program_start,
                       require_launchable)
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -55,10 +58,20 @@ ID_DTYPES = (torch.int32, torch.int64)
 # shapes: ((V,),), tiling_dims: (0,) -> the vocab dimension is tiled, no fixed dims.
 MEMORY_MULTIPLIER = 6.0
 GRAD_MEMORY_MULTIPLIER = 8.0
+# CUDA launch (ignored by the NPU and CPU plans), one program per token: (columns per block, warps) of the loss
+# alone and of the loss with its gradient. Round 19's probe (H100, B8 L1024 V128256 bf16,
+# benchmarks/results/round19/grpo_loss_probe.py): loss alone 0.602-0.610 ms at 2048-8192 columns on 4-8 warps
+# (Liger-Kernel 0.706, our old 1024-column tile with unspecialised strides 0.749); with the gradient 8192 on 8
+# warps 2.094 ms, 4096 on 8 2.110, 4096 on 16 2.158 (Liger-Kernel's forward+backward 2.032); persistent grids of
+# 1-2 programs per SM and num_stages=1 were slower or equal.
+CUDA_BLOCK, CUDA_WARPS = 8192, 4
+CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 8192, 8
 
 
-@launched_kernel(do_not_specialize=["n_tokens", "seq_len", "logits_stride_b", "logits_stride_t", "ids_stride_b",
-                                    "old_stride_b", "ref_stride_b", "grad_stride_b"])
+# The logits' and gradient's strides are specialised (% 16 tells Triton a row's start is 16-element aligned: vector
+# loads and stores; unspecialised, each element is its own access); a new sequence length never recompiles while
+# V % 16 == 0 (else at most two variants).
+@launched_kernel(do_not_specialize=["n_tokens", "seq_len", "ids_stride_b", "old_stride_b", "ref_stride_b"])
 def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr, token_loss_ptr, kl_ptr,
                           clipped_ptr, grad_ptr, n_tokens, seq_len, n_cols, logits_stride_b, logits_stride_t,
                           logits_stride_v, ids_stride_b, ids_stride_t, adv_stride, old_stride_b, old_stride_t,
@@ -77,10 +90,11 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
         w = tl.load(w_ptr + token)
         valid = w != 0.0
         read_cols = tl.where(valid, n_cols, 0)  # a masked token reads nothing
-        # Pass 1: online log-sum-exp of z = logits / T (m starts finite: exp(m - m_new) never sees inf - inf)
+        # Pass 1: online log-sum-exp of z = logits / T (m starts finite: exp(m - m_new) never sees inf - inf);
+        # no iteration for a masked token (m = -1e30, d = 0, as if every load were masked off)
         m = -1e30
         d = 0.0
-        for start in tl.range(0, n_cols, BLOCK_V):
+        for start in tl.range(0, read_cols, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             z = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_v, mask=cols < read_cols,
                         other=float("-inf")).to(tl.float32) * inv_temperature
@@ -90,7 +104,7 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
         token_id = tl.load(ids_ptr + b * ids_stride_b + t * ids_stride_t).to(tl.int64)
         in_range = (token_id >= 0) & (token_id < n_cols)
         safe_id = tl.where(in_range, token_id, 0)  # a bad id never reads outside the row
-        z_id = tl.load(row_ptr + safe_id * logits_stride_v).to(tl.float32) * inv_temperature
+        z_id = tl.load(row_ptr + safe_id * logits_stride_v, mask=valid, other=0.0).to(tl.float32) * inv_temperature
         # no clamp on d: a NaN or +inf logit makes it NaN and must reach the loss; a masked token has d = 0
         log_d = tl.log(tl.where(valid, d, 1.0))
         logp = tl.where(in_range, (z_id - m) - log_d, float("nan"))
@@ -221,6 +235,16 @@ def token_weights(valid: torch.Tensor, loss_type: str, max_completion_length: Op
     return valid / normalizer.clamp_min(1.0)
 
 
+@memoised_plan
+def _plan(device_type: str, n_cols: int, compute_grad: bool):
+    """BLOCK_V plan of the kernel: the UB manager's tile from the memory multipliers on the NPU and CPU, the CUDA
+    constants above on CUDA."""
+    multiplier, cuda_block, cuda_warps = ((GRAD_MEMORY_MULTIPLIER, CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS) if compute_grad
+                                          else (MEMORY_MULTIPLIER, CUDA_BLOCK, CUDA_WARPS))
+    return plan_launch(device_type, TileRequest(multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
+                                                cuda_num_warps=cuda_warps, cuda_max_block=cuda_block))
+
+
 def _report_bad_ids(completion_ids: torch.Tensor, valid: torch.Tensor, n_cols: int) -> None:
     """Ids of unmasked tokens outside [0, V): a ValueError on CPU (no cost there), a device-side assert on CUDA
     (no host synchronisation); elsewhere the kernel's NaN loss."""
@@ -265,7 +289,7 @@ def grpo_loss_forward(logits: torch.Tensor, completion_ids: torch.Tensor, advant
     elif n_tokens > 0:
         _report_bad_ids(completion_ids, valid, n_cols)
         require_launchable(device)
-        plan = flat_plan(device.type, n_cols, GRAD_MEMORY_MULTIPLIER if compute_grad else MEMORY_MULTIPLIER)
+        plan = _plan(device.type, n_cols, compute_grad)  # tiles: see MEMORY_MULTIPLIER and the CUDA launch above
         dummy = token_loss  # never read: HAS_OLD / HAS_REF off
         old, ref = (old_logp if old_logp is not None else dummy), (ref_logp if ref_logp is not None else dummy)
         _grpo_loss_fwd_kernel[(plan.grid(n_tokens),)](

@@ -39,7 +39,8 @@ from typing import Tuple
 import torch
 import triton.language as tl
 
-from ._triton import (check_float_tensor, flat_plan, grid_stride, launched_kernel, new_like, program_start,
+from ..tiling import TileRequest, plan_launch
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, new_like, program_start,
                       require_launchable)
 
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
@@ -55,6 +56,21 @@ REDUCTIONS = ("none", "sum", "mean", "batchmean")
 # shapes: ((V,),), tiling_dims: (0,) -> the vocab dimension is tiled, no fixed dims.
 FORWARD_MEMORY_MULTIPLIER = 8.0
 BACKWARD_MEMORY_MULTIPLIER = 10.0
+# CUDA tiles (columns, warps), or None for the 64 KiB budget's (1024 columns on 4 warps at either multiplier).
+# The forward at 8192x128256 bf16 ran 0.73 of copy (H200) on the budget's tile, Liger-Kernel's 16384-wide chunks on
+# 16 warps 0.80. Round 19's probe (H100, benchmarks/results/round19/kl_div_probe.py, whole forward call): the
+# budget's tile 1.431 ms, 2048 columns on 8 warps 1.412 (0.99 of copy), 4096 on 16 warps 1.419, wider chunks
+# slower (8192 on 16 warps 1.673, 16384 on 16 warps 2.373), Liger-Kernel 1.389. The row sum stays a per-lane fp32
+# accumulator reduced once per row. The backward (forward+backward ahead of every peer) keeps the budget's tile.
+CUDA_FORWARD_TILE = (2048, 8)
+CUDA_BACKWARD_TILE = None
+
+
+def _row_plan(device_type: str, n_cols: int, memory_multiplier: float, cuda_tile):
+    """The plan of a row kernel tiling V: the UB manager's on the NPU and CPU; on CUDA the 64 KiB budget's, or
+    ``cuda_tile`` = (columns, warps) when given (columns lifted to at most next_pow2(V))."""
+    extra = {} if cuda_tile is None else dict(cuda_max_block=cuda_tile[0], cuda_num_warps=cuda_tile[1])
+    return plan_launch(device_type, TileRequest(memory_multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE, **extra))
 
 
 @launched_kernel(do_not_specialize=["n_rows"])
@@ -179,7 +195,7 @@ def kl_div_forward(y_pred: torch.Tensor, y_true: torch.Tensor, reduction: str = 
         out = row_sums  # never written: ELEMENTWISE is off
     if y_pred.numel() > 0:
         require_launchable(y_pred.device)
-        plan = flat_plan(y_pred.device.type, n_cols, FORWARD_MEMORY_MULTIPLIER)  # tiles: see the analysis above
+        plan = _row_plan(y_pred.device.type, n_cols, FORWARD_MEMORY_MULTIPLIER, CUDA_FORWARD_TILE)  # see above
         _kl_div_fwd_kernel[(plan.grid(n_rows),)](
             y_pred, y_true, out, row_sums, n_rows, n_cols, y_pred.stride(0), y_pred.stride(1), y_true.stride(0),
             y_true.stride(1), out.stride(0), float(eps), LOG_TARGET=log_target, ELEMENTWISE=elementwise,
@@ -217,7 +233,7 @@ def trusted_kl_div_backward(grad_out: torch.Tensor, y_pred: torch.Tensor, y_true
         grad, grad_strides = grad_out, (grad_out.stride(0), grad_out.stride(1))
     else:
         grad, grad_strides = grad_out.to(torch.float32) / _divisor(reduction, n_rows, n_cols), (0, 0)
-    plan = flat_plan(y_pred.device.type, n_cols, BACKWARD_MEMORY_MULTIPLIER)  # tiles: see the analysis above
+    plan = _row_plan(y_pred.device.type, n_cols, BACKWARD_MEMORY_MULTIPLIER, CUDA_BACKWARD_TILE)  # see above
     _kl_div_bwd_kernel[(plan.grid(n_rows),)](
         grad, y_pred, y_true, gx if grad_pred else grad, gt if grad_true else grad, n_rows, n_cols, *grad_strides,
         y_pred.stride(0), y_pred.stride(1), y_true.stride(0), y_true.stride(1), LOG_TARGET=log_target,
