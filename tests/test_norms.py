@@ -294,6 +294,23 @@ def test_sum_partials_matches_float64_sum(programs, cols, two, dtypes):
     assert_unchanged(before, [partials], ["partials"])
 
 
+def test_sum_partials_kernel_takes_one_partial_row_as_a_constexpr():
+    """Inductor's launches (and wrap_triton's mutation analysis) specialise an int argument equal to 1 into a
+    constexpr, which has no ``.to()``: the kernel must widen n_partials through a tensor. Round nineteen's CUDA run
+    failed dyt's compiled backward on exactly this (and rms_norm's weight gradient came out wrong beside it). The
+    interpreter passes a constexpr through as the compiler would, so CPU runs check the kernel body."""
+    if DEVICE != "cpu":
+        pytest.skip("the interpreter's check; on CUDA tests/test_inductor_launches.py compiles the graphs")
+    import triton.language as tl
+
+    from npu_liger.npu_ops._norm import _sum_partials_kernel
+
+    partials = randn((2, 1, 40))
+    out, second = torch.empty(40), torch.empty(40)
+    _sum_partials_kernel[(1,)](partials, out, second, tl.constexpr(1), 40, TWO=True, BLOCK_P=4, BLOCK_N=64)
+    assert torch.equal(out, partials[0, 0]) and torch.equal(second, partials[1, 0])
+
+
 def test_sum_partials_tiles_columns():
     """On the emulated chip the UB manager's column block is smaller than 1500 columns, so the case above
     exercises the grid-stride column loop (a guard for the test's own premise)."""
