@@ -2,6 +2,8 @@
 parameter gradient, both tile shapes (several narrow rows per tile; a row split over column blocks), fp32
 parameters with half x, opcheck, compile, determinism, empty and bad input, the nn module."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -113,6 +115,31 @@ def test_tiles_pack_narrow_rows_and_split_wide_ones(small_ub):
     many_blocks = dyt_kernels.plan_dyt("cpu", 3, 5000, dyt_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
     assert many_blocks.col_programs == 40 < 5000 / many_blocks.block_cols  # a program takes several column blocks
     _check(randn((3, 5000)), *_params(5000, torch.float32))
+
+
+@pytest.mark.parametrize("shape,sm_count,layout", [
+    ((9, 40), 2, (2, 16, 2, 1)),  # 2 programs over 3 column blocks (one takes two), each walking 5 tiles of 2 rows
+    ((3, 7, 40), 6, (2, 16, 3, 2)),  # 2 row programs per column block: the prefetch steps over the other's tiles
+    ((5, 7, 7), 2, (4, 8, 1, 2)),  # narrow rows, 4 per tile
+])
+def test_cuda_plan_with_multi_row_tiles_and_prefetch(monkeypatch, small_ub, shape, sm_count, layout):
+    """The CUDA plan (``plan_dyt_cuda``), which CI's interpreter never ran: several rows per tile also when rows
+    are split over column blocks, programs looping over rows and column blocks, and the backward's ``PREFETCH`` of
+    the next tile of x and dy (past the last row: all masked). Forced here for both kernels with small tiles
+    (``layout``: rows and columns per tile, column programs, row programs). ``CUDA_MATH`` stays off: its PTX
+    inline asm does not run in the interpreter."""
+    tiles = dyt_kernels.CudaTiles(rows=2, cols=16, warps=4, programs_per_sm=1, prefetch=True)
+
+    def cuda_like(device_type, n_rows, n_cols, multiplier, persistent, cuda_tiles=None):
+        return dyt_kernels.plan_dyt_cuda(n_rows, n_cols, tiles, sm_count)
+
+    monkeypatch.setattr(dyt_kernels, "plan_dyt", cuda_like)
+    small_ub(4096)  # CPU runs only; the kernels' plan is forced, sum_partials' follows the (small) UB
+    n_cols = shape[-1]
+    plan = cuda_like("cpu", math.prod(shape[:-1]), n_cols, dyt_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
+    assert plan.prefetch and (plan.block_rows, plan.block_cols, plan.col_programs, plan.row_programs) == layout
+    _check(randn(shape, scale=2.0), *_params(n_cols, torch.float32))
+    _check(randn(shape, torch.bfloat16, noncontiguous=True), *_params(n_cols, torch.bfloat16, beta=False))
 
 
 def test_parameter_gradients_are_deterministic(small_ub):

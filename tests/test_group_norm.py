@@ -91,6 +91,29 @@ def test_tiled_and_looped_groups(small_ub, shape, num_groups, whole):
     _check(randn(shape, torch.bfloat16, noncontiguous=True), *_params(shape[1], torch.bfloat16, "w"), num_groups)
 
 
+def test_cuda_looped_groups_with_prefetch_on_a_persistent_grid(monkeypatch, small_ub):
+    """The CUDA plan of groups too large for one tile (``_plan_groups_cuda``): a persistent grid of fewer programs
+    than group rows, each walk loading its next chunk before computing this one (``PREFETCH``), which the CPU plan
+    never turns on, so CI's interpreter never ran it. Forced here on the CPU plan's tiles (a 4 KiB UB: groups of 2
+    channels x 200 positions in chunks of both, the prefetch past a group's last chunk all masked), 12 group rows
+    over 3 programs, forward and backward, with a large mean (the merged statistics of the chunks)."""
+    plan = gn_kernels.plan_groups
+
+    def cuda_like(device_type, n_groups, channels, positions, multiplier):
+        return plan(device_type, n_groups, channels, positions, multiplier)._replace(prefetch=True, grid=3)
+
+    monkeypatch.setattr(gn_kernels, "plan_groups", cuda_like)
+    small_ub(4096)
+    shape, num_groups = (3, 8, 10, 20), 4
+    for multiplier, chunks in ((gn_kernels.FORWARD_MEMORY_MULTIPLIER, 4), (gn_kernels.BACKWARD_MEMORY_MULTIPLIER, 8)):
+        tiles = cuda_like("cpu", 3 * num_groups, 2, 200, multiplier)
+        assert not tiles.whole and tiles.prefetch and tiles.grid < 3 * num_groups and tiles.block_c < 2
+        assert math.ceil(2 / tiles.block_c) * math.ceil(200 / tiles.block_hw) == chunks
+    _check(randn(shape) + 1000.0, *_params(shape[1], torch.float32), num_groups)
+    _check(randn(shape, torch.bfloat16, noncontiguous=True), *_params(shape[1], torch.bfloat16, "w"), num_groups)
+    _check(randn(shape), None, None, num_groups)
+
+
 def test_every_program_takes_several_groups(small_ub):
     small_ub(4096)
     plan = gn_kernels.plan_groups("cpu", 7 * 12, 1, 30, gn_kernels.BACKWARD_MEMORY_MULTIPLIER)

@@ -90,6 +90,40 @@ def test_both_kernel_paths(small_ub):
     _check(randn((7, 300), torch.bfloat16, noncontiguous=True), *_params(torch.bfloat16))
 
 
+def test_cuda_kernel_variants_give_the_same_results(monkeypatch, small_ub):
+    """The CUDA-only switches, which CI's interpreter never takes: the forward's y by Horner's rule (``HORNER``,
+    on only for CUDA tensors with ``CUDA_HORNER``) and the persistent backward's prefetch of the next tile of x and
+    dy (``plan_rows``' ``prefetch``, CUDA plans only). Forced here: the launcher's HORNER through a stand-in for the
+    forward kernel, the prefetch through the plan (as test_norms does), on whole rows with a small UB so every
+    program takes several tiles and the last prefetch reads past the last row (555 rows: a partial last tile)."""
+    forward_kernel = poly_kernels._poly_norm_fwd_kernel
+    horner = []
+
+    class HornerForward:  # launches the real kernel as the launcher does, but with HORNER on
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                horner.append(kwargs["HORNER"])
+                return forward_kernel[grid](*args, **{**kwargs, "HORNER": True})
+            return launch
+
+    def cuda_like(device_type, n_rows, n_cols, multiplier, persistent, **kwargs):
+        tiles = plan_rows(device_type, n_rows, n_cols, multiplier, persistent, **kwargs)
+        return tiles._replace(prefetch=tiles.whole_row and persistent)
+
+    monkeypatch.setattr(poly_kernels, "_poly_norm_fwd_kernel", HornerForward())
+    monkeypatch.setattr(poly_kernels, "plan_rows", cuda_like)
+    small_ub(8192)
+    shape = (37, 15, 40)  # 555 rows of 40
+    fwd = plan_rows("cpu", 555, 40, poly_kernels.FORWARD_MEMORY_MULTIPLIER, False)
+    bwd = cuda_like("cpu", 555, 40, poly_kernels.BACKWARD_MEMORY_MULTIPLIER, True)
+    assert fwd.whole_row and fwd.block_rows > 1 and fwd.grid * 2 * fwd.block_rows < 555
+    assert bwd.prefetch and bwd.block_rows > 1 and bwd.grid * 4 * bwd.block_rows < 555 and 555 % bwd.block_rows
+    _check(randn(shape), *_params(torch.float32))
+    _check(randn(shape, scale=3.0) + 1.0, *_params(torch.float32, (1,)), eps=1e-5)  # x^6 over many magnitudes
+    _check(randn(shape, torch.bfloat16, noncontiguous=True), *_params(torch.bfloat16))
+    assert horner and not any(horner)  # the CPU launcher asked for the plain y every time: HORNER was forced
+
+
 def test_zero_eps_with_a_partly_filled_tile():
     """eps = 0: the zero rows padding the last tile have r_p = inf; their r_p * S_p = inf * 0 must not reach dw."""
     plan = plan_rows("cpu", 45, 16, poly_kernels.BACKWARD_MEMORY_MULTIPLIER, persistent=True)

@@ -92,17 +92,22 @@ def test_default_ub_keeps_hidden_8192_whole():
 
 
 def test_cuda_plan_keeps_rows_up_to_16k_whole():
-    """The CUDA policy is plain arithmetic (no GPU needed): whole rows up to 16384 columns in one program, one row
-    per program on 8 warps from 8192 columns; wider rows loop in 16384-column chunks."""
-    wide = plan_rows("cuda", 16384, 8192, kernels.FORWARD_MEMORY_MULTIPLIER, False, kernels.CUDA_WIDE_ROWS)
+    """The CUDA policy (``_plan``) is plain arithmetic (no GPU needed): whole rows up to 16384 columns in one
+    program, one row per program from 8192 columns (16 warps forward, 8 backward) with streaming stores; wider rows
+    loop in 16384-column chunks on 16 warps with the prefetch and the reversed second walk; narrow rows go several
+    per program with plain stores."""
+    wide, switches = kernels._plan("cuda", 16384, 8192, "forward")
     assert (wide.whole_row, wide.block_rows, wide.block_cols, wide.grid, wide.options) == (
-        True, 1, 8192, 16384, {"num_warps": 8})
-    back = plan_rows("cuda", 16384, 16384, kernels.BACKWARD_MEMORY_MULTIPLIER, False, kernels.CUDA_WIDE_ROWS)
-    assert back.whole_row and back.block_cols == 16384
-    looped = plan_rows("cuda", 64, 32768, kernels.FORWARD_MEMORY_MULTIPLIER, False, kernels.CUDA_WIDE_ROWS)
-    assert not looped.whole_row and looped.block_cols == 16384 and looped.grid == 64
-    narrow = plan_rows("cuda", 65536, 1024, kernels.FORWARD_MEMORY_MULTIPLIER, False, kernels.CUDA_WIDE_ROWS)
-    assert narrow.whole_row and narrow.block_rows > 1
+        True, 1, 8192, 16384, {"num_warps": 16})
+    assert switches == {"PREFETCH": False, "REVERSE": False, "STREAM": True}
+    back, _ = kernels._plan("cuda", 16384, 8192, "backward")
+    assert back.whole_row and back.options == {"num_warps": 8}
+    assert kernels._plan("cuda", 16384, 16384, "backward")[0].block_cols == 16384
+    looped, switches = kernels._plan("cuda", 64, 65536, "forward")
+    assert (looped.whole_row, looped.block_cols, looped.grid, looped.options) == (False, 16384, 64, {"num_warps": 16})
+    assert switches == {"PREFETCH": True, "REVERSE": True, "STREAM": True}
+    narrow, switches = kernels._plan("cuda", 65536, 1024, "forward")
+    assert narrow.whole_row and narrow.block_rows > 1 and not switches["STREAM"]
 
 
 @pytest.mark.parametrize("ub", [None, 1024])
@@ -133,6 +138,39 @@ def test_non_finite_rows_match_torch(ub, small_ub):
     got = torch.ops.npu_liger.softmax_backward(dy, y.detach())
     torch.testing.assert_close(got, torch._softmax_backward_data(dy, y.detach(), -1, y.dtype), equal_nan=True)
     assert got[0].isnan().all() and not got[4].isnan().any()
+
+
+def test_cuda_prefetch_and_streaming_stores(monkeypatch, small_ub):
+    """The CUDA-only switches of ``_plan``, which CI's interpreter never ran: ``PREFETCH`` (``CUDA_PREFETCH``: both
+    walks of a looped row load the next chunk before reducing or storing this one; the second walk, reversed, loads
+    the chunk before, none past the row's start) and ``STREAM`` (the ``.cs`` stores; the interpreter ignores the
+    modifier, the branch's stores still run). Forced on the CPU plan with a 1 KiB UB: 300-wide rows in 64-wide
+    chunks (a partial last one), forward and backward, rows whose first or last chunks are all -inf (prefetched
+    values past the row's end are -inf too), the file's non-finite rows, and whole narrow rows (STREAM only)."""
+    plan = kernels._plan
+    on_cpu = []
+
+    def cuda_like(device_type, n_rows, n_cols, direction):
+        tiles, switches = plan(device_type, n_rows, n_cols, direction)
+        on_cpu.append((switches["PREFETCH"], switches["STREAM"]))
+        return tiles, {**switches, "PREFETCH": not tiles.whole_row, "STREAM": True}
+
+    monkeypatch.setattr(kernels, "_plan", cuda_like)
+    small_ub(1024)
+    for direction in ("forward", "backward"):
+        tiles, switches = cuda_like("cpu", 9, 300, direction)
+        assert not tiles.whole_row and tiles.block_cols * 4 < 300 and switches["PREFETCH"] and switches["REVERSE"]
+    check_softmax(randn((9, 300), scale=5.0))
+    check_softmax(randn((7, 300), torch.bfloat16, noncontiguous=True, scale=3.0))
+    x = randn((4, 300), scale=2.0)
+    x[0, :200] = float("-inf")
+    x[1, :64] = float("-inf")
+    x[2, 256:] = float("-inf")  # the last (partial) chunk, the reversed walk's first
+    x[3, 64:] = float("-inf")
+    check_softmax(x)
+    test_non_finite_rows_match_torch(1024, small_ub)  # through the forced switches too
+    check_softmax(randn((85, 4, 16)))  # whole rows: PREFETCH stays off, STREAM on
+    assert on_cpu and not any(p or s for p, s in on_cpu)  # the CPU plan had both off: they were forced
 
 
 @pytest.mark.parametrize("shape", [(0, 16), (3, 0), (2, 0, 8), (0,)])

@@ -20,9 +20,10 @@ CUDA launch policy (``_plan``; the NPU and CPU take ``plan_rows`` as it is):
   wide are streaming (``.cs``: written once, read by another kernel at the earliest);
 - rows wider than ``_norm.CUDA_WHOLE_ROW_MAX``: ``CUDA_LOOPED`` chunk and warps, and ``CUDA_PREFETCH``: each
   walk loads the next chunk before reducing / storing this one (Triton does not pipeline these loops; a program
-  otherwise waits out every chunk's load latency, 0.61-0.64 of copy at 2048x65536). ``CUDA_WHOLE_ROW_LIMIT``
-  (default: the norms' 16K) can keep wider rows whole on ``CUDA_WIDEST_WARPS`` warps, Liger-Kernel's choice up
-  to 65536 (its 65536-wide fp32 tile fills an SM's whole register file: it spills).
+  otherwise waits out every chunk's load latency, 0.61-0.64 of copy at 2048x65536). Round 19's probe (H100,
+  2048x65536 bf16): 0.245 / 0.577 ms forward / forward+backward against the old loop's 0.265 / 0.680 and
+  Liger-Kernel's 0.280 / 0.604 (which keeps the 65536-wide row whole on 32 warps: as whole rows here, 0.296 /
+  1.210 on 32 warps, the fp32 tile fills an SM's register file and spills).
 
 Non-finite inputs give what torch gives: a NaN in a row, or +inf, makes the row NaN (exp(inf - inf)); a row of
 -inf only is NaN too (0 / 0); -inf entries in a row with a finite entry give 0. No clamp through ``maximum``
@@ -50,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._norm import CUDA_WHOLE_ROW_MAX, CudaWideRows, RowTiles, as_rows, check_grad, plan_rows
+from ._norm import CudaWideRows, as_rows, check_grad, plan_rows
 from ._triton import check_float_tensor, grid_stride, launched_kernel, new_like, program_start, require_launchable
 
 FORWARD_MEMORY_MULTIPLIER = 2.5
@@ -60,14 +61,9 @@ BACKWARD_MEMORY_MULTIPLIER = 2.5
 # softmax f+b 0.99 of copy with 8 warps both ways).
 CUDA_FORWARD_WIDE_ROWS = (CudaWideRows(min_cols=8192, rows=1, warps=16),)
 CUDA_BACKWARD_WIDE_ROWS = (CudaWideRows(min_cols=8192, rows=1, warps=8),)
-CUDA_WIDE_ROWS = CUDA_BACKWARD_WIDE_ROWS  # the tiles both directions used before the split (tests, probes)
-# CUDA rows wider than CUDA_WHOLE_ROW_LIMIT loop: (chunk columns, warps) per direction, the norms' plan's choice
-# at 65536 columns (16K chunks on 16 warps: 4 chunks a row).
+# CUDA rows wider than the norms' whole-row limit (``_norm.CUDA_WHOLE_ROW_MAX``, 16K) loop: (chunk columns, warps)
+# per direction (16K chunks on 16 warps: 4 chunks a 65536-wide row; 8K or 4K chunks measured slower, round 19).
 CUDA_LOOPED = {"forward": (16384, 16), "backward": (16384, 16)}
-# CUDA rows up to this many columns stay whole in one program (the norms' 16K: wider fp32 tiles spill); rows
-# past the norms' limit and within this one run on CUDA_WIDEST_WARPS warps.
-CUDA_WHOLE_ROW_LIMIT = CUDA_WHOLE_ROW_MAX
-CUDA_WIDEST_WARPS = 32
 # CUDA looped rows: load the next chunk while this one is reduced or stored (see the module docstring).
 CUDA_PREFETCH = True
 # CUDA: streaming stores (.cs, evict first) of y / dx for rows at least this wide (written once, never re-read by
@@ -232,12 +228,8 @@ def _plan(device_type: str, n_rows: int, n_cols: int, direction: str):
     tiles = plan_rows(device_type, n_rows, n_cols, multiplier, persistent=False, cuda_wide_rows=wide)
     cuda = device_type == "cuda"
     if cuda and not tiles.whole_row:
-        if n_cols <= CUDA_WHOLE_ROW_LIMIT:  # one row per program, whole (Liger-Kernel's way up to 65536)
-            tiles = RowTiles(1, triton.next_power_of_2(n_cols), True, n_rows, {"num_warps": CUDA_WIDEST_WARPS},
-                             tiles.params_per_tile, False)
-        else:
-            block, warps = CUDA_LOOPED[direction]
-            tiles = tiles._replace(block_cols=block, options={"num_warps": warps})
+        block, warps = CUDA_LOOPED[direction]
+        tiles = tiles._replace(block_cols=block, options={"num_warps": warps})
     switches = dict(PREFETCH=cuda and CUDA_PREFETCH and not tiles.whole_row,
                     REVERSE=REVERSE_SECOND_PASS and not tiles.whole_row,
                     STREAM=cuda and n_cols >= CUDA_STREAM_MIN_COLS)
