@@ -35,7 +35,7 @@ Memory analysis (fp32 elements per (BLOCK_R x BLOCK_N) tile; gamma and beta rows
 - backward: x, dy as loaded and in fp32, y, tanh's temporaries (as above), 4 e r^2, g, dx, the three products
   summed into the partials -> 12.0 (3276 -> 2048 elements).
 CUDA ignores the budget (``CUDA_FORWARD_TILES`` / ``CUDA_BACKWARD_TILES``: tiles, warps and grid of each kernel);
-``prefetch`` (CUDA only) keeps the next tile's x (and dy) in registers besides.
+``prefetch`` (the CUDA backward only) keeps the next tile's x and dy in registers besides.
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ CUDA_FAST_MATH_BACKWARD = True
 class CudaTiles(NamedTuple):
     """One kernel's CUDA launch (the tile budget is ignored): tiles of ``rows`` x ``cols`` (a narrower row takes
     next_pow2(C) columns and as many more rows as keep the tile's size), ``warps`` per program, a persistent grid of
-    ``programs_per_sm`` programs per SM (None: one program per tile), ``prefetch``: the row loop loads the next
-    tile before computing this one (Triton does not pipeline it), ``maxnreg``: Triton's register cap, if any."""
+    ``programs_per_sm`` programs per SM (None: one program per tile), ``prefetch`` (backward only): the row loop
+    loads the next tile before computing this one (Triton does not pipeline it), ``maxnreg``: Triton's register
+    cap, if any."""
     rows: int
     cols: int
     warps: int
@@ -101,7 +102,7 @@ class ColumnTiles(NamedTuple):
     col_programs: int  # programs sharing out the column blocks
     row_programs: int  # programs sharing out the rows of one column block (partial buffers have this many rows)
     options: dict  # launch options (num_warps on CUDA)
-    prefetch: bool = False  # PREFETCH of the kernels (CUDA only)
+    prefetch: bool = False  # PREFETCH of the backward kernel (CUDA only; the forward has none)
 
     @property
     def grid(self) -> int:
