@@ -159,6 +159,26 @@ def test_persistent_grid_strides_over_tokens_and_vocab_tiles(small_ub):
     check(make_inputs(5, 17, 333, torch.bfloat16, extra=0, old=False), beta=0.0, temperature=0.8)
 
 
+def test_cuda_prefetch_reversed_gradient_pass_and_streaming_stores(small_ub, monkeypatch):
+    """The CUDA-only switches (``CUDA_PREFETCH``, ``CUDA_STREAM_GRAD``) and the reversed gradient pass forced on
+    under the interpreter, which CI never runs otherwise: 64-wide blocks over rows of 520 and 333 columns (a partial
+    last block read first by the reversed pass; the prefetch past either end of the row masked off), masked tokens
+    (no load, zeros stored), both loss shapes and a temperature."""
+    small_ub(4096)
+    forced = []
+
+    def everything_on(device_type):
+        forced.append(device_type)
+        return dict(PREFETCH=True, REVERSE=True, STREAM=True)
+
+    monkeypatch.setattr(grpo_kernels, "_switches", everything_on)
+    for loss_type in ("grpo", "dapo"):
+        check(make_inputs(5, 17, 520), loss_type=loss_type, grad_scale=0.5)
+    check(make_inputs(5, 17, 333, torch.bfloat16, extra=0, old=False), beta=0.0, temperature=0.8)
+    check(make_inputs(3, 5, 7), beta=0.04)  # a single partial block
+    assert forced
+
+
 def test_masked_tokens_count_for_nothing():
     """A masked token's logits, log-probabilities and ids are never read: garbage there changes nothing."""
     logits, ids, adv, mask, old, ref = make_inputs(3, 6, 20)

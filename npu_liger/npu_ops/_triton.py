@@ -8,7 +8,8 @@ than ``tl.math``/``libdevice`` names that differ between community Triton and tr
 Two Triton-interpreter quirks every kernel must respect (the CPU backend runs the interpreter):
 - write ``tensor * CONSTANT``, not ``CONSTANT * tensor``, for ``tl.constexpr`` globals (the interpreter turns
   the latter into a constexpr that has no ``.to``);
-- ``@triton.jit`` helpers return one value, never a tuple.
+- ``@triton.jit`` helpers return one value or a tuple of them (``chunk_walk``: the interpreter, CUDA and
+  triton-ascend's frontend all take it), never a nested structure.
 """
 
 from __future__ import annotations
@@ -72,6 +73,31 @@ def grid_stride(BLOCK: tl.constexpr):
     """int64 distance between a program's consecutive blocks (num_programs * BLOCK can pass 2**31)."""
     # `program_id * 0 +` makes a tensor on every flavour: the interpreter returns num_programs as a constexpr.
     return (tl.program_id(0) * 0 + tl.num_programs(0)).to(tl.int64) * BLOCK
+
+
+@triton.jit
+def chunk_walk(n_cols, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr):
+    """(chunks, first chunk's start, step) of a walk over a row's BLOCK_N-column chunks, forwards or, with
+    ``REVERSE``, from the last chunk back to the first: a second walk over a row that a first walk just read finds
+    the chunks read last still in the L2 (the looped softmax, grpo_loss's gradient pass)."""
+    n_chunks = tl.cdiv(n_cols, BLOCK_N)
+    if REVERSE:
+        first = (n_chunks - 1) * BLOCK_N
+        step = -BLOCK_N
+    else:
+        first = n_chunks * 0
+        step = BLOCK_N
+    return n_chunks, first, step
+
+
+@triton.jit
+def store_maybe_streaming(ptr, value, mask, STREAM: tl.constexpr):
+    """A store, streaming (``.cs``: evict first) with ``STREAM``, for an output written once and not read again by
+    this kernel. CUDA only: the launcher sets STREAM on CUDA alone."""
+    if STREAM:
+        tl.store(ptr, value, mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(ptr, value, mask=mask)
 
 
 def cdiv(a: int, b: int) -> int:

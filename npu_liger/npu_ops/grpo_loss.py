@@ -44,8 +44,8 @@ import torch
 import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
-from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, grid_stride, launched_kernel, new_like, program_start,
-                      require_launchable)
+from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, chunk_walk, grid_stride, launched_kernel, new_like,
+                      program_start, require_launchable, store_maybe_streaming)
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 ID_DTYPES = (torch.int32, torch.int64)
@@ -66,6 +66,13 @@ GRAD_MEMORY_MULTIPLIER = 8.0
 # 1-2 programs per SM and num_stages=1 were slower or equal.
 CUDA_BLOCK, CUDA_WARPS = 8192, 4
 CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 8192, 8
+# CUDA: each pass loads the next block before reducing / storing this one (Triton does not pipeline these loops),
+# and the gradient's stores stream (.cs: written once, read by the next kernel at the earliest).
+CUDA_PREFETCH = False
+CUDA_STREAM_GRAD = False
+# Every backend: the gradient pass walks the row from its end back to its start (the blocks pass 1 read last are
+# the likeliest still in the L2).
+REVERSE_GRAD_PASS = False
 
 
 # The logits' and gradient's strides are specialised (% 16 tells Triton a row's start is 16-element aligned: vector
@@ -77,12 +84,15 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
                           logits_stride_v, ids_stride_b, ids_stride_t, adv_stride, old_stride_b, old_stride_t,
                           ref_stride_b, ref_stride_t, grad_stride_b, grad_stride_t, inv_temperature, beta, eps_low,
                           eps_high, HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_KL_PENALTY: tl.constexpr,
-                          COMPUTE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr, ORDER_TARGET_STORE: tl.constexpr = False):
+                          COMPUTE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr, ORDER_TARGET_STORE: tl.constexpr = False,
+                          PREFETCH: tl.constexpr = False, REVERSE: tl.constexpr = False,
+                          STREAM: tl.constexpr = False):
     # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
     inv_temperature = tl.cast(inv_temperature, tl.float32)
     beta = tl.cast(beta, tl.float32)
     eps_low = tl.cast(eps_low, tl.float32)
     eps_high = tl.cast(eps_high, tl.float32)
+    col_ids = tl.arange(0, BLOCK_V)
     for token in tl.range(program_start(1), n_tokens, grid_stride(1)):
         b = token // seq_len
         t = token - b * seq_len
@@ -94,10 +104,19 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
         # no iteration for a masked token (m = -1e30, d = 0, as if every load were masked off)
         m = -1e30
         d = 0.0
+        if PREFETCH:  # CUDA only: the next block, as stored, is in flight while this one is reduced
+            z_next = tl.load(row_ptr + col_ids.to(tl.int64) * logits_stride_v, mask=col_ids < read_cols,
+                             other=float("-inf"))
         for start in tl.range(0, read_cols, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            z = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_v, mask=cols < read_cols,
-                        other=float("-inf")).to(tl.float32) * inv_temperature
+            if PREFETCH:
+                z = z_next.to(tl.float32) * inv_temperature
+                ahead = start + BLOCK_V + col_ids
+                z_next = tl.load(row_ptr + ahead.to(tl.int64) * logits_stride_v, mask=ahead < read_cols,
+                                 other=float("-inf"))
+            else:
+                cols = start + col_ids
+                z = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_v, mask=cols < read_cols,
+                            other=float("-inf")).to(tl.float32) * inv_temperature
             m_new = tl.maximum(m, tl.max(z, axis=0))
             d = d * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
             m = m_new
@@ -140,13 +159,24 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
             c = dlogp * w * inv_temperature
             lse = m + log_d
             grad_row = grad_ptr + b * grad_stride_b + t * grad_stride_t
-            for start in tl.range(0, n_cols, BLOCK_V):
-                cols = start + tl.arange(0, BLOCK_V)
+            n_blocks, first, step = chunk_walk(n_cols, BLOCK_V, REVERSE)
+            if PREFETCH:
+                z_next = tl.load(row_ptr + (first + col_ids).to(tl.int64) * logits_stride_v,
+                                 mask=first + col_ids < read_cols, other=0.0)
+            for i in tl.range(0, n_blocks):
+                cols = first + i * step + col_ids
                 load_mask = cols < read_cols
-                z = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_v, mask=load_mask,
-                            other=0.0).to(tl.float32) * inv_temperature
+                if PREFETCH:
+                    z = z_next.to(tl.float32) * inv_temperature
+                    ahead = cols + step
+                    z_next = tl.load(row_ptr + ahead.to(tl.int64) * logits_stride_v,
+                                     mask=(ahead >= 0) & (ahead < read_cols), other=0.0)
+                else:
+                    z = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_v, mask=load_mask,
+                                other=0.0).to(tl.float32) * inv_temperature
                 dz = tl.where(load_mask, -tl.exp(z - lse) * c, 0.0)
-                tl.store(grad_row + cols.to(tl.int64), dz.to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+                store_maybe_streaming(grad_row + cols.to(tl.int64), dz.to(grad_ptr.dtype.element_ty),
+                                      cols < n_cols, STREAM)
             if ORDER_TARGET_STORE:  # CUDA: the block store above wrote this column from another thread
                 tl.debug_barrier()
             dz_id = (1.0 - tl.exp(z_id - lse)) * c
@@ -245,6 +275,13 @@ def _plan(device_type: str, n_cols: int, compute_grad: bool):
                                                 cuda_num_warps=cuda_warps, cuda_max_block=cuda_block))
 
 
+def _switches(device_type: str) -> dict:
+    """The kernel's walk switches on this backend (the knobs above, read on every call so that a probe may change
+    them)."""
+    cuda = device_type == "cuda"
+    return dict(PREFETCH=cuda and CUDA_PREFETCH, REVERSE=REVERSE_GRAD_PASS, STREAM=cuda and CUDA_STREAM_GRAD)
+
+
 def _report_bad_ids(completion_ids: torch.Tensor, valid: torch.Tensor, n_cols: int) -> None:
     """Ids of unmasked tokens outside [0, V): a ValueError on CPU (no cost there), a device-side assert on CUDA
     (no host synchronisation); elsewhere the kernel's NaN loss."""
@@ -300,7 +337,7 @@ def grpo_loss_forward(logits: torch.Tensor, completion_ids: torch.Tensor, advant
             1.0 / temperature, float(beta), float(eps_low), float(eps_high), HAS_OLD=old_logp is not None,
             HAS_REF=ref_logp is not None, HAS_KL_PENALTY=ref_logp is not None and beta != 0.0,
             COMPUTE_GRAD=grad is not None, BLOCK_V=plan.block, ORDER_TARGET_STORE=logits.is_cuda,
-            **plan.launch_options()
+            **_switches(device.type), **plan.launch_options()
         )
     if grad is not None and logits.shape[1] > seq_len:
         grad[:, seq_len:].zero_()  # the last position predicts past the completion: no gradient

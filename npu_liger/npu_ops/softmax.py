@@ -48,11 +48,11 @@ NPU never prefetches, so the multipliers stay.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from ._norm import CudaWideRows, as_rows, check_grad, plan_rows
-from ._triton import check_float_tensor, grid_stride, launched_kernel, new_like, program_start, require_launchable
+from ._triton import (check_float_tensor, chunk_walk, grid_stride, launched_kernel, new_like, program_start,
+                      require_launchable, store_maybe_streaming)
 
 FORWARD_MEMORY_MULTIPLIER = 2.5
 BACKWARD_MEMORY_MULTIPLIER = 2.5
@@ -73,27 +73,6 @@ CUDA_STREAM_MIN_COLS = 8192
 REVERSE_SECOND_PASS = True
 
 
-@triton.jit
-def _store(ptr, value, mask, STREAM: tl.constexpr):
-    if STREAM:  # CUDA only (decided by the launcher): written once, evict first
-        tl.store(ptr, value, mask=mask, cache_modifier=".cs")
-    else:
-        tl.store(ptr, value, mask=mask)
-
-
-@triton.jit
-def _walk(n_cols, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr):
-    """(chunks, first chunk's start, step) of a walk over a row's BLOCK_N chunks, forwards or backwards."""
-    n_chunks = tl.cdiv(n_cols, BLOCK_N)
-    if REVERSE:
-        first = (n_chunks - 1) * BLOCK_N
-        step = -BLOCK_N
-    else:
-        first = n_chunks * 0
-        step = BLOCK_N
-    return n_chunks, first, step
-
-
 @launched_kernel(do_not_specialize=["n_rows"])
 def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, x_stride, WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr,
                         BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr = False, REVERSE: tl.constexpr = False,
@@ -108,7 +87,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, x_stride, WHOLE_ROW: tl.co
             x = tl.load(x_ptr + rows * x_stride + col_ids, mask=mask, other=float("-inf")).to(tl.float32)
             e = tl.exp(x - tl.max(x, axis=1)[:, None])
             y = e * (1.0 / tl.sum(e, axis=1))[:, None]
-            _store(y_ptr + rows * n_cols + col_ids, y.to(y_ptr.dtype.element_ty), mask, STREAM)
+            store_maybe_streaming(y_ptr + rows * n_cols + col_ids, y.to(y_ptr.dtype.element_ty), mask, STREAM)
     else:  # one row in BLOCK_N chunks: pass 1 online max and sum, pass 2 normalises
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
@@ -134,7 +113,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, x_stride, WHOLE_ROW: tl.co
                 d = d * rescale + tl.sum(tl.exp(x - shift), axis=1)[:, None]
                 m = m_new
             inv_d = 1.0 / d
-            n_chunks, first, step = _walk(n_cols, BLOCK_N, REVERSE)
+            n_chunks, first, step = chunk_walk(n_cols, BLOCK_N, REVERSE)
             if PREFETCH:
                 x_next = tl.load(x_row + first + col_ids, mask=row_ok & (first + col_ids < n_cols),
                                  other=float("-inf"))
@@ -149,7 +128,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, x_stride, WHOLE_ROW: tl.co
                 else:
                     x = tl.load(x_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
                 y = tl.exp(x - m) * inv_d
-                _store(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask, STREAM)
+                store_maybe_streaming(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask, STREAM)
 
 
 @launched_kernel(do_not_specialize=["n_rows"])
@@ -166,7 +145,7 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, dy_stride, y_stri
             y = tl.load(y_ptr + rows * y_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + rows * dy_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
             dx = y * (dy - tl.sum(dy * y, axis=1)[:, None])
-            _store(dx_ptr + rows * n_cols + col_ids, dx.to(dx_ptr.dtype.element_ty), mask, STREAM)
+            store_maybe_streaming(dx_ptr + rows * n_cols + col_ids, dx.to(dx_ptr.dtype.element_ty), mask, STREAM)
     else:  # one row in chunks: pass 1 sum(dy * y), pass 2 dx
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
@@ -193,7 +172,7 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, dy_stride, y_stri
                     dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
                 acc += dy * y
             dot = tl.sum(acc, axis=1)[:, None]
-            n_chunks, first, step = _walk(n_cols, BLOCK_N, REVERSE)
+            n_chunks, first, step = chunk_walk(n_cols, BLOCK_N, REVERSE)
             if PREFETCH:
                 first_mask = row_ok & (first + col_ids < n_cols)
                 y_next = tl.load(y_row + first + col_ids, mask=first_mask, other=0.0)
@@ -211,7 +190,8 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, dy_stride, y_stri
                 else:
                     y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
                     dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-                _store(dx_ptr + rows * n_cols + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask, STREAM)
+                dx = y * (dy - dot)
+                store_maybe_streaming(dx_ptr + rows * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask, STREAM)
 
 
 def _last_dim(t: torch.Tensor) -> int:

@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # Round twenty's GPU calls, from the repository root (liger-kernel 0.8.5 wheel in .whl/); logs into $OUT.
-#   bash benchmarks/results/round20/call.sh          on an H200: the goal run's training steps (three families, five
-#                                                    variants); on another card: rows_probe.py, host costs and the
-#                                                    gemma launches A/B
-#   bash benchmarks/results/round20/call.sh probe    rows_probe.py, host costs and the A/B on any card
+#   bash benchmarks/results/round20/call.sh probe    grpo_probe.py, the CUDA tests of the kernels it changes, host
+#                                                    costs per call, and the gemma A/B of Inductor launches in plain
+#                                                    compiles
+#   bash benchmarks/results/round20/call.sh train    the goal run's training steps (three families, five variants)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round20}; mkdir -p "$OUT"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$gpu"; date -u
-if [ "$1" != probe ] && echo "$gpu" | grep -q H200; then
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"; date -u | tee -a "$OUT/device.txt"
+if [ "$1" = train ]; then
     timeout 570 python benchmarks/train_step.py --quick --families llama,qwen3,gemma --variants liger_full,npu_liger,\
 hf_compiled,npu_liger_compiled,npu_liger_compiled_cudagraphs --budget-s 500 --timeout-s 120 --out /tmp/train \
         > "$OUT/train.txt" 2>&1; echo "rc=$?"; tail -40 "$OUT/train.txt"; tar czf "$OUT/train.tgz" -C /tmp train
 else
-    timeout 250 python benchmarks/results/round20/rows_probe.py 2>&1 | grep -v Warning > "$OUT/rows_probe.txt"
-    cat "$OUT/rows_probe.txt"
-    timeout 60 python -m benchmarks.host_overhead --ops dyt,poly_norm,softmax,group_norm,rms_norm --iters 300 \
+    timeout 200 python benchmarks/results/round20/grpo_probe.py 2>&1 | grep -v Warning > "$OUT/grpo_probe.txt"
+    cat "$OUT/grpo_probe.txt"
+    NPU_LIGER_TEST_DEVICE=cuda timeout 120 python -m pytest -q -n 8 -p no:cacheprovider tests/test_grpo_loss.py \
+        tests/test_softmax.py > "$OUT/tests.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/tests.txt"
+    timeout 50 python -m benchmarks.host_overhead --ops dyt,poly_norm,softmax,group_norm,grpo_loss --iters 200 \
         --repeats 3 2>&1 | tail -9 | tee "$OUT/host.txt"
-    timeout 230 python benchmarks/train_step.py --quick --families gemma --variants hf_compiled,npu_liger_compiled,\
-npu_liger_compiled_launches --timeout-s 90 --budget-s 220 --out /tmp/tab > "$OUT/train_ab.txt" 2>&1
-    tail -15 "$OUT/train_ab.txt"; tar czf "$OUT/tab.tgz" -C /tmp tab
+    timeout 190 python benchmarks/train_step.py --quick --families gemma --variants hf_compiled,npu_liger_compiled,\
+npu_liger_compiled_launches --timeout-s 80 --budget-s 180 --out /tmp/tab > "$OUT/train_ab.txt" 2>&1
+    tail -12 "$OUT/train_ab.txt"; tar czf "$OUT/tab.tgz" -C /tmp tab
 fi
