@@ -4,7 +4,8 @@ PYTHONPATH=. python benchmarks/results/round20/grpo_probe.py; --cpu: a smoke tes
 The harness row grpo_loss B8 L1024 V128256 bf16 (``benchmarks/specs.py``: ~25% of the tokens masked, dapo, beta
 0.04), forward+backward as the harness calls it (torch.autograd.grad of the public function), under the kernel's
 walk switches of ``npu_liger/npu_ops/grpo_loss.py`` (CUDA_PREFETCH, REVERSE_GRAD_PASS, CUDA_STREAM_GRAD) and its
-gradient tile (CUDA_GRAD_BLOCK / CUDA_GRAD_WARPS), each set for one variant and restored, against Liger-Kernel.
+gradient tile (CUDA_GRAD_BLOCK / CUDA_GRAD_WARPS), or the gradient as a kernel of its own (CUDA_SPLIT_GRAD and its
+tile), each set for one variant and restored, against Liger-Kernel.
 Printed per variant: do_bench median ms of the whole call, the summed kernel time per call (torch.profiler), and
 whether the gradient is bitwise equal to the first variant's (none of the switches changes any arithmetic). Then
 the loss alone (forward under no_grad) with and without the prefetch, on the loss-only tile (CUDA_BLOCK/WARPS).
@@ -28,7 +29,7 @@ T0 = time.time()
 SPEC = SPECS["grpo_loss"]
 PARAMS = dict(B=2, L=5, V=300) if CPU else dict(SPEC.main[0])
 KNOBS = ("CUDA_PREFETCH", "REVERSE_GRAD_PASS", "CUDA_STREAM_GRAD", "CUDA_GRAD_BLOCK", "CUDA_GRAD_WARPS",
-         "CUDA_BLOCK", "CUDA_WARPS")
+         "CUDA_BLOCK", "CUDA_WARPS", "CUDA_SPLIT_GRAD", "CUDA_SPLIT_GRAD_BLOCK", "CUDA_SPLIT_GRAD_WARPS")
 
 
 def bench(fn):
@@ -59,7 +60,13 @@ def with_knobs(knobs, body):
 
 def on(prefetch=False, reverse=False, stream=False, block=8192, warps=8):
     return dict(CUDA_PREFETCH=prefetch, REVERSE_GRAD_PASS=reverse, CUDA_STREAM_GRAD=stream, CUDA_GRAD_BLOCK=block,
-                CUDA_GRAD_WARPS=warps)
+                CUDA_GRAD_WARPS=warps, CUDA_SPLIT_GRAD=False)
+
+
+def split(prefetch=False, stream=False, block=4096, warps=16, reverse=False):
+    """The gradient as a kernel of its own (after the loss kernel on its own tile, CUDA_BLOCK/CUDA_WARPS)."""
+    return dict(CUDA_PREFETCH=prefetch, REVERSE_GRAD_PASS=reverse, CUDA_STREAM_GRAD=stream, CUDA_SPLIT_GRAD=True,
+                CUDA_SPLIT_GRAD_BLOCK=block, CUDA_SPLIT_GRAD_WARPS=warps)
 
 
 VARIANTS = {
@@ -76,6 +83,14 @@ VARIANTS = {
     "all three 16384/16": on(True, True, True, 16384, 16),
     "prefetch+reverse 4096/8": on(True, True, False, 4096, 8),
     "base 4096/8": on(block=4096),
+    "split 4096/16": split(),
+    "split 4096/16 prefetch": split(prefetch=True),
+    "split 4096/16 stream": split(stream=True),
+    "split 4096/16 prefetch+stream": split(prefetch=True, stream=True),
+    "split 4096/8": split(warps=8),
+    "split 8192/16": split(block=8192),
+    "split 2048/8 prefetch": split(prefetch=True, block=2048, warps=8),
+    "split 4096/16 reverse": split(reverse=True),
 }
 
 
