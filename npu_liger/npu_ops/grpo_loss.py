@@ -62,22 +62,27 @@ GRAD_MEMORY_MULTIPLIER = 8.0
 # CUDA launch (ignored by the NPU and CPU plans), one program per token: (columns per block, warps) of the loss
 # alone and of the loss with its gradient. Round 19's probe (H100, B8 L1024 V128256 bf16,
 # benchmarks/results/round19/grpo_loss_probe.py): loss alone 0.602-0.610 ms at 2048-8192 columns on 4-8 warps
-# (Liger-Kernel 0.706, our old 1024-column tile with unspecialised strides 0.749); with the gradient 8192 on 8
-# warps 2.094 ms, 4096 on 8 2.110, 4096 on 16 2.158 (Liger-Kernel's forward+backward 2.032); persistent grids of
-# 1-2 programs per SM and num_stages=1 were slower or equal.
+# (Liger-Kernel 0.706, our old 1024-column tile with unspecialised strides 0.749). Round 20's probe (H200,
+# benchmarks/results/round20/grpo_probe.py, forward+backward whole call): 8192 on 8 warps 1.805 ms; with the
+# prefetch 1.671, the reversed gradient pass 1.607, both 1.614, both on 4096 x 8 warps 1.577 (4096 x 4 1.630,
+# 16384 x 16 1.794); streaming gradient stores changed nothing (1.807 alone); the gradient as a kernel of its own
+# on 2048-8192 columns, 8-16 warps, 1.666-1.691. Liger-Kernel 1.475.
 CUDA_BLOCK, CUDA_WARPS = 8192, 4
-CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 8192, 8
+CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 4096, 8
 # CUDA: each pass loads the next block before reducing / storing this one (Triton does not pipeline these loops),
 # and the gradient's stores stream (.cs: written once, read by the next kernel at the earliest).
-CUDA_PREFETCH = False
+CUDA_PREFETCH = True
 CUDA_STREAM_GRAD = False
 # Every backend: the gradient pass walks the row from its end back to its start (the blocks pass 1 read last are
-# the likeliest still in the L2).
-REVERSE_GRAD_PASS = False
+# the likeliest still in the L2: 1.805 -> 1.607 ms above).
+REVERSE_GRAD_PASS = True
 # CUDA: the gradient pass as a kernel of its own after the loss kernel (which then saves each token's lse and c),
 # as Liger-Kernel splits its forward and backward, each kernel on its own tile: (columns per block, warps).
 CUDA_SPLIT_GRAD = False
 CUDA_SPLIT_GRAD_BLOCK, CUDA_SPLIT_GRAD_WARPS = 4096, 16
+# CUDA num_stages of the loss (and fused) kernel and of the gradient kernel; None: Triton's default.
+CUDA_STAGES = None
+CUDA_SPLIT_GRAD_STAGES = None
 
 
 # The logits' and gradient's strides are specialised (% 16 tells Triton a row's start is 16-element aligned: vector
@@ -327,6 +332,12 @@ def _switches(device_type: str) -> dict:
                 SPLIT=cuda and CUDA_SPLIT_GRAD)
 
 
+def _options(plan, stages) -> dict:
+    """A plan's launch options, with ``num_stages`` on CUDA when a knob above sets it."""
+    options = plan.launch_options()
+    return options if stages is None or plan.backend != "cuda" else {**options, "num_stages": stages}
+
+
 def _report_bad_ids(completion_ids: torch.Tensor, valid: torch.Tensor, n_cols: int) -> None:
     """Ids of unmasked tokens outside [0, V): a ValueError on CPU (no cost there), a device-side assert on CUDA
     (no host synchronisation); elsewhere the kernel's NaN loss."""
@@ -387,14 +398,15 @@ def grpo_loss_forward(logits: torch.Tensor, completion_ids: torch.Tensor, advant
             1.0 / temperature, float(beta), float(eps_low), float(eps_high), HAS_OLD=old_logp is not None,
             HAS_REF=ref_logp is not None, HAS_KL_PENALTY=ref_logp is not None and beta != 0.0,
             COMPUTE_GRAD=fused_grad, BLOCK_V=plan.block, ORDER_TARGET_STORE=logits.is_cuda, SAVE_STATS=split,
-            **switches, **plan.launch_options()
+            **switches, **_options(plan, CUDA_STAGES)
         )
         if split:
             grad_plan = _plan(device.type, n_cols, "grad")
             _grpo_loss_grad_kernel[(grad_plan.grid(n_tokens),)](
                 logits, completion_ids, w, stats, grad, n_tokens, seq_len, n_cols, *logits.stride(),
                 *completion_ids.stride(), grad.stride(0), grad.stride(1), 1.0 / temperature,
-                BLOCK_V=grad_plan.block, ORDER_TARGET_STORE=logits.is_cuda, **switches, **grad_plan.launch_options()
+                BLOCK_V=grad_plan.block, ORDER_TARGET_STORE=logits.is_cuda, **switches,
+                **_options(grad_plan, CUDA_SPLIT_GRAD_STAGES)
             )
     if grad is not None and logits.shape[1] > seq_len:
         grad[:, seq_len:].zero_()  # the last position predicts past the completion: no gradient
