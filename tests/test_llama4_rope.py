@@ -47,8 +47,9 @@ def make_freqs(bsz, seq, head_dim, layout="batch", values="polar", theta=500000.
     if values == "random":
         return torch.complex(randn((*lead, seq, head_dim // 2)), randn((*lead, seq, head_dim // 2)))
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=DEVICE) / head_dim))
-    positions = torch.arange(seq, dtype=torch.float64, device=DEVICE) + torch.randint(
-        0, 1000, (*lead, 1), device=DEVICE).double()
+    # each batch row its own start position (distinct: a repeat would make two rows' tables equal)
+    starts = torch.randperm(1000, device=DEVICE)[: lead[0] if lead else 1].double().reshape(*lead, 1)
+    positions = torch.arange(seq, dtype=torch.float64, device=DEVICE) + starts
     angles = positions[..., None] * inv_freq
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
 
