@@ -6,7 +6,8 @@
 #   bash benchmarks/results/round20/call.sh train    the goal run's training steps (three families, five variants)
 #   bash benchmarks/results/round20/call.sh final    grpo_probe.py's second set (num_stages), the grpo_loss harness
 #                                                    row at the new defaults, llama's and qwen3's eager and compiled
-#                                                    training steps with their peers
+#                                                    training steps with their peers ("final short": not the
+#                                                    training steps)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round20}; mkdir -p "$OUT"
@@ -16,9 +17,11 @@ if [ "$1" = final ]; then
     cat "$OUT/grpo_probe2.txt"
     timeout 70 python benchmarks/run.py --quick --rounds 3 --ops grpo_loss --skip compile-count,dispatch,cudagraphs \
         --out /tmp/hgrpo > "$OUT/harness_grpo.txt" 2>&1; grep -E "grpo_loss +B8" "$OUT/harness_grpo.txt" | head -8
+    tar czf "$OUT/hgrpo.tgz" -C /tmp hgrpo
+    [ "$2" = short ] && exit 0
     timeout 210 python benchmarks/train_step.py --quick --families llama,qwen3 --variants hf_compiled,\
 npu_liger_compiled,liger_full,npu_liger --timeout-s 80 --budget-s 200 --out /tmp/train2 > "$OUT/train2.txt" 2>&1
-    tail -12 "$OUT/train2.txt"; tar czf "$OUT/train2.tgz" -C /tmp train2 hgrpo
+    tail -12 "$OUT/train2.txt"; tar czf "$OUT/train2.tgz" -C /tmp train2
 elif [ "$1" = train ]; then
     timeout 570 python benchmarks/train_step.py --quick --families llama,qwen3,gemma --variants liger_full,npu_liger,\
 hf_compiled,npu_liger_compiled,npu_liger_compiled_cudagraphs --budget-s 500 --timeout-s 120 --out /tmp/train \
