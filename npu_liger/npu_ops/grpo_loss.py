@@ -46,7 +46,7 @@ import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._triton import (COMPUTE_DTYPE_SIZE, check_float_tensor, chunk_walk, grid_stride, launched_kernel, new_like,
-                      program_start, require_launchable, store_maybe_streaming)
+                      program_start, require_launchable)
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 ID_DTYPES = (torch.int32, torch.int64)
@@ -65,14 +65,13 @@ GRAD_MEMORY_MULTIPLIER = 8.0
 # (Liger-Kernel 0.706, our old 1024-column tile with unspecialised strides 0.749). Round 20's probe (H200,
 # benchmarks/results/round20/grpo_probe.py, forward+backward whole call): 8192 on 8 warps 1.805 ms; with the
 # prefetch 1.671, the reversed gradient pass 1.607, both 1.614, both on 4096 x 8 warps 1.577 (4096 x 4 1.630,
-# 16384 x 16 1.794); streaming gradient stores changed nothing (1.807 alone); the gradient as a kernel of its own
-# on 2048-8192 columns, 8-16 warps, 1.666-1.691. Liger-Kernel 1.475.
+# 16384 x 16 1.794); streaming gradient stores changed nothing (1.807 alone: removed); the gradient as a kernel of
+# its own on 2048-8192 columns, 8-16 warps, 1.666-1.691 (kept off, for the num_stages probe still to run).
+# Liger-Kernel 1.475.
 CUDA_BLOCK, CUDA_WARPS = 8192, 4
 CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 4096, 8
-# CUDA: each pass loads the next block before reducing / storing this one (Triton does not pipeline these loops),
-# and the gradient's stores stream (.cs: written once, read by the next kernel at the earliest).
+# CUDA: each pass loads the next block before reducing / storing this one (Triton does not pipeline these loops).
 CUDA_PREFETCH = True
-CUDA_STREAM_GRAD = False
 # Every backend: the gradient pass walks the row from its end back to its start (the blocks pass 1 read last are
 # the likeliest still in the L2: 1.805 -> 1.607 ms above).
 REVERSE_GRAD_PASS = True
@@ -96,7 +95,7 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
                           eps_high, HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_KL_PENALTY: tl.constexpr,
                           COMPUTE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr, ORDER_TARGET_STORE: tl.constexpr = False,
                           PREFETCH: tl.constexpr = False, REVERSE: tl.constexpr = False,
-                          STREAM: tl.constexpr = False, SAVE_STATS: tl.constexpr = False):
+                          SAVE_STATS: tl.constexpr = False):
     # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
     inv_temperature = tl.cast(inv_temperature, tl.float32)
     beta = tl.cast(beta, tl.float32)
@@ -172,13 +171,13 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
         if COMPUTE_GRAD:  # pass 2
             _gradient_row(row_ptr, grad_ptr + b * grad_stride_b + t * grad_stride_t, logits_stride_v, n_cols,
                           read_cols, lse, c, z_id, safe_id, valid & in_range, inv_temperature, col_ids,
-                          BLOCK_V, ORDER_TARGET_STORE, PREFETCH, REVERSE, STREAM)
+                          BLOCK_V, ORDER_TARGET_STORE, PREFETCH, REVERSE)
 
 
 @triton.jit
 def _gradient_row(row_ptr, grad_row, logits_stride_v, n_cols, read_cols, lse, c, z_id, safe_id, store_id,
                   inv_temperature, col_ids, BLOCK_V: tl.constexpr, ORDER_TARGET_STORE: tl.constexpr,
-                  PREFETCH: tl.constexpr, REVERSE: tl.constexpr, STREAM: tl.constexpr):
+                  PREFETCH: tl.constexpr, REVERSE: tl.constexpr):
     """One token's gradient row, c * (onehot(id) - softmax(z)): ``-softmax * c`` per block (zeros past
     ``read_cols``: a masked token is not read), then the token's own column ``(1 - p) * c`` as a scalar store where
     ``store_id``."""
@@ -198,7 +197,7 @@ def _gradient_row(row_ptr, grad_row, logits_stride_v, n_cols, read_cols, lse, c,
             z = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_v, mask=load_mask,
                         other=0.0).to(tl.float32) * inv_temperature
         dz = tl.where(load_mask, -tl.exp(z - lse) * c, 0.0)
-        store_maybe_streaming(grad_row + cols.to(tl.int64), dz.to(grad_row.dtype.element_ty), cols < n_cols, STREAM)
+        tl.store(grad_row + cols.to(tl.int64), dz.to(grad_row.dtype.element_ty), mask=cols < n_cols)
     if ORDER_TARGET_STORE:  # CUDA: the block store above wrote this column from another thread
         tl.debug_barrier()
     dz_id = (1.0 - tl.exp(z_id - lse)) * c
@@ -210,7 +209,7 @@ def _grpo_loss_grad_kernel(logits_ptr, ids_ptr, w_ptr, stats_ptr, grad_ptr, n_to
                            logits_stride_b, logits_stride_t, logits_stride_v, ids_stride_b, ids_stride_t,
                            grad_stride_b, grad_stride_t, inv_temperature, BLOCK_V: tl.constexpr,
                            ORDER_TARGET_STORE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                           REVERSE: tl.constexpr = False, STREAM: tl.constexpr = False):
+                           REVERSE: tl.constexpr = False):
     """The gradient pass on its own (CUDA_SPLIT_GRAD): per token, lse and c from the loss kernel's ``stats``."""
     inv_temperature = tl.cast(inv_temperature, tl.float32)
     col_ids = tl.arange(0, BLOCK_V)
@@ -226,7 +225,7 @@ def _grpo_loss_grad_kernel(logits_ptr, ids_ptr, w_ptr, stats_ptr, grad_ptr, n_to
         _gradient_row(row_ptr, grad_ptr + b * grad_stride_b + t * grad_stride_t, logits_stride_v, n_cols,
                       tl.where(valid, n_cols, 0), tl.load(stats_ptr + token), tl.load(stats_ptr + n_tokens + token),
                       z_id, safe_id, valid & in_range, inv_temperature, col_ids, BLOCK_V, ORDER_TARGET_STORE,
-                      PREFETCH, REVERSE, STREAM)
+                      PREFETCH, REVERSE)
 
 
 def _check_per_token(name: str, tensor: Optional[torch.Tensor], shape, ref: torch.Tensor) -> None:
@@ -328,8 +327,7 @@ def _switches(device_type: str) -> dict:
     """The kernels' walk switches on this backend and whether the gradient is a kernel of its own (the knobs above,
     read on every call so that a probe may change them)."""
     cuda = device_type == "cuda"
-    return dict(PREFETCH=cuda and CUDA_PREFETCH, REVERSE=REVERSE_GRAD_PASS, STREAM=cuda and CUDA_STREAM_GRAD,
-                SPLIT=cuda and CUDA_SPLIT_GRAD)
+    return dict(PREFETCH=cuda and CUDA_PREFETCH, REVERSE=REVERSE_GRAD_PASS, SPLIT=cuda and CUDA_SPLIT_GRAD)
 
 
 def _options(plan, stages) -> dict:

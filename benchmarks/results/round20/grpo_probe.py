@@ -47,7 +47,7 @@ def kernel_ms(fn):
 
 
 def with_knobs(knobs, body):
-    saved = {k: getattr(G, k) for k in KNOBS}
+    saved = {k: getattr(G, k) for k in KNOBS if hasattr(G, k)}  # (CUDA_STREAM_GRAD: removed after the first call)
     try:
         for k, v in knobs.items():
             setattr(G, k, v)
