@@ -29,8 +29,10 @@ is_clipped (B, L) as 0./1. (0 where masked) and clip_ratio = sum(is_clipped) / m
 
 One program walks whole token rows (persistent grid-stride loop over the B * L tokens): pass 1 an online
 log-sum-exp over V in UB-sized blocks (no iteration at all for a masked token), the token's logit one scalar load;
-pass 2 (with the gradient) writes ``-softmax * c`` per block (zeros for a masked token, no load) and then the
-token's own column, ``(1 - p) * c``, as a scalar store (as cross_entropy does). The logits' and gradient's row
+pass 2 (with the gradient) writes ``-softmax * c`` per block (zeros for a masked token, no load), from the row's end
+back to its start (``REVERSE_GRAD_PASS``: the blocks pass 1 read last are still in the L2), and then the token's own
+column, ``(1 - p) * c``, as a scalar store (as cross_entropy does). On CUDA both passes load the next block before
+working on this one (``CUDA_PREFETCH``). The logits' and gradient's row
 strides are specialised by Triton (16-element divisibility), so a contiguous bf16 row is read and written in
 16-byte vectors on CUDA. A completion id outside [0, V) gives a NaN loss (its column is clamped before the load,
 never read out of the row) and a ValueError on CPU or a device-side assert on CUDA.
