@@ -159,19 +159,17 @@ def test_persistent_grid_strides_over_tokens_and_vocab_tiles(small_ub):
     check(make_inputs(5, 17, 333, torch.bfloat16, extra=0, old=False), beta=0.0, temperature=0.8)
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_cuda_prefetch_reversed_gradient_pass_and_split(split, small_ub, monkeypatch):
-    """The CUDA-only switches (``CUDA_PREFETCH``; ``CUDA_SPLIT_GRAD``: the gradient as a kernel of its own, from the
-    statistics the loss kernel saves) with the reversed gradient pass, forced on under the interpreter, which CI
-    never runs otherwise: 64-wide blocks over rows of 520 and 333 columns (a partial last block read first by the
-    reversed pass; the prefetch past either end of the row masked off), masked tokens (no load, zeros stored),
-    both loss shapes and a temperature."""
+def test_cuda_prefetch_and_reversed_gradient_pass(small_ub, monkeypatch):
+    """The CUDA-only prefetch (``CUDA_PREFETCH``) with the reversed gradient pass, forced on under the interpreter,
+    which CI never runs otherwise: 64-wide blocks over rows of 520 and 333 columns (a partial last block read first
+    by the reversed pass; the prefetch past either end of the row masked off), masked tokens (no load, zeros
+    stored), both loss shapes and a temperature."""
     small_ub(4096)
     forced = []
 
     def everything_on(device_type):
         forced.append(device_type)
-        return dict(PREFETCH=True, REVERSE=True, SPLIT=split)
+        return dict(PREFETCH=True, REVERSE=True)
 
     monkeypatch.setattr(grpo_kernels, "_switches", everything_on)
     for loss_type in ("grpo", "dapo"):

@@ -90,16 +90,6 @@ def chunk_walk(n_cols, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr):
     return n_chunks, first, step
 
 
-@triton.jit
-def store_maybe_streaming(ptr, value, mask, STREAM: tl.constexpr):
-    """A store, streaming (``.cs``: evict first) with ``STREAM``, for an output written once and not read again by
-    this kernel. CUDA only: the launcher sets STREAM on CUDA alone."""
-    if STREAM:
-        tl.store(ptr, value, mask=mask, cache_modifier=".cs")
-    else:
-        tl.store(ptr, value, mask=mask)
-
-
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for host code: plain integer math (``triton.cdiv`` is a constexpr function in recent Triton:
     ~1 us more per host call, measured on swiglu's launcher)."""

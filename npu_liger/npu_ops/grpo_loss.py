@@ -43,7 +43,6 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import triton
 import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
@@ -67,8 +66,8 @@ GRAD_MEMORY_MULTIPLIER = 8.0
 # (Liger-Kernel 0.706, our old 1024-column tile with unspecialised strides 0.749). Round 20's probe (H200,
 # benchmarks/results/round20/grpo_probe.py, forward+backward whole call): 8192 on 8 warps 1.805 ms; with the
 # prefetch 1.671, the reversed gradient pass 1.607, both 1.614, both on 4096 x 8 warps 1.577 (4096 x 4 1.630,
-# 16384 x 16 1.794); streaming gradient stores changed nothing (1.807 alone: removed); the gradient as a kernel of
-# its own on 2048-8192 columns, 8-16 warps, 1.666-1.691 (kept off, for the num_stages probe still to run).
+# 16384 x 16 1.794); streaming gradient stores changed nothing (1.807 alone) and the gradient as a kernel of its
+# own, as Liger-Kernel splits it, was slower (1.666-1.691 on 2048-8192 columns, 8-16 warps): both removed.
 # Liger-Kernel 1.475.
 CUDA_BLOCK, CUDA_WARPS = 8192, 4
 CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 4096, 8
@@ -77,13 +76,8 @@ CUDA_PREFETCH = True
 # Every backend: the gradient pass walks the row from its end back to its start (the blocks pass 1 read last are
 # the likeliest still in the L2: 1.805 -> 1.607 ms above).
 REVERSE_GRAD_PASS = True
-# CUDA: the gradient pass as a kernel of its own after the loss kernel (which then saves each token's lse and c),
-# as Liger-Kernel splits its forward and backward, each kernel on its own tile: (columns per block, warps).
-CUDA_SPLIT_GRAD = False
-CUDA_SPLIT_GRAD_BLOCK, CUDA_SPLIT_GRAD_WARPS = 4096, 16
-# CUDA num_stages of the loss (and fused) kernel and of the gradient kernel; None: Triton's default.
+# CUDA num_stages of the kernel; None: Triton's default (round 19: 1 was slower or equal on the old kernel).
 CUDA_STAGES = None
-CUDA_SPLIT_GRAD_STAGES = None
 
 
 # The logits' and gradient's strides are specialised (% 16 tells Triton a row's start is 16-element aligned: vector
@@ -91,13 +85,12 @@ CUDA_SPLIT_GRAD_STAGES = None
 # V % 16 == 0 (else at most two variants).
 @launched_kernel(do_not_specialize=["n_tokens", "seq_len", "ids_stride_b", "old_stride_b", "ref_stride_b"])
 def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr, token_loss_ptr, kl_ptr,
-                          clipped_ptr, grad_ptr, stats_ptr, n_tokens, seq_len, n_cols, logits_stride_b, logits_stride_t,
+                          clipped_ptr, grad_ptr, n_tokens, seq_len, n_cols, logits_stride_b, logits_stride_t,
                           logits_stride_v, ids_stride_b, ids_stride_t, adv_stride, old_stride_b, old_stride_t,
                           ref_stride_b, ref_stride_t, grad_stride_b, grad_stride_t, inv_temperature, beta, eps_low,
                           eps_high, HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_KL_PENALTY: tl.constexpr,
                           COMPUTE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr, ORDER_TARGET_STORE: tl.constexpr = False,
-                          PREFETCH: tl.constexpr = False, REVERSE: tl.constexpr = False,
-                          SAVE_STATS: tl.constexpr = False):
+                          PREFETCH: tl.constexpr = False, REVERSE: tl.constexpr = False):
     # Inductor passes Python floats as fp64 scalars; the math stays fp32 either way
     inv_temperature = tl.cast(inv_temperature, tl.float32)
     beta = tl.cast(beta, tl.float32)
@@ -165,69 +158,33 @@ def _grpo_loss_fwd_kernel(logits_ptr, ids_ptr, adv_ptr, w_ptr, old_ptr, ref_ptr,
         tl.store(token_loss_ptr + token, tl.where(valid, loss * w, 0.0))
         tl.store(kl_ptr + token, tl.where(valid, kl, 0.0))
         tl.store(clipped_ptr + token, tl.where(valid & clipped, 1.0, 0.0))
-        c = dlogp * w * inv_temperature  # d loss / d logits = c * (onehot - softmax)
-        lse = m + log_d
-        if SAVE_STATS:  # for the separate gradient kernel (``_grpo_loss_grad_kernel``)
-            tl.store(stats_ptr + token, lse)
-            tl.store(stats_ptr + n_tokens + token, c)
-        if COMPUTE_GRAD:  # pass 2
-            _gradient_row(row_ptr, grad_ptr + b * grad_stride_b + t * grad_stride_t, logits_stride_v, n_cols,
-                          read_cols, lse, c, z_id, safe_id, valid & in_range, inv_temperature, col_ids,
-                          BLOCK_V, ORDER_TARGET_STORE, PREFETCH, REVERSE)
-
-
-@triton.jit
-def _gradient_row(row_ptr, grad_row, logits_stride_v, n_cols, read_cols, lse, c, z_id, safe_id, store_id,
-                  inv_temperature, col_ids, BLOCK_V: tl.constexpr, ORDER_TARGET_STORE: tl.constexpr,
-                  PREFETCH: tl.constexpr, REVERSE: tl.constexpr):
-    """One token's gradient row, c * (onehot(id) - softmax(z)): ``-softmax * c`` per block (zeros past
-    ``read_cols``: a masked token is not read), then the token's own column ``(1 - p) * c`` as a scalar store where
-    ``store_id``."""
-    n_blocks, first, step = chunk_walk(n_cols, BLOCK_V, REVERSE)
-    if PREFETCH:  # CUDA only: the next block, as stored, is in flight while this one is written
-        z_next = tl.load(row_ptr + (first + col_ids).to(tl.int64) * logits_stride_v, mask=first + col_ids < read_cols,
-                         other=0.0)
-    for i in tl.range(0, n_blocks):
-        cols = first + i * step + col_ids
-        load_mask = cols < read_cols
-        if PREFETCH:
-            z = z_next.to(tl.float32) * inv_temperature
-            ahead = cols + step
-            z_next = tl.load(row_ptr + ahead.to(tl.int64) * logits_stride_v, mask=(ahead >= 0) & (ahead < read_cols),
-                             other=0.0)
-        else:
-            z = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_v, mask=load_mask,
-                        other=0.0).to(tl.float32) * inv_temperature
-        dz = tl.where(load_mask, -tl.exp(z - lse) * c, 0.0)
-        tl.store(grad_row + cols.to(tl.int64), dz.to(grad_row.dtype.element_ty), mask=cols < n_cols)
-    if ORDER_TARGET_STORE:  # CUDA: the block store above wrote this column from another thread
-        tl.debug_barrier()
-    dz_id = (1.0 - tl.exp(z_id - lse)) * c
-    tl.store(grad_row + safe_id, dz_id.to(grad_row.dtype.element_ty), mask=store_id)
-
-
-@launched_kernel(do_not_specialize=["n_tokens", "seq_len", "ids_stride_b"])
-def _grpo_loss_grad_kernel(logits_ptr, ids_ptr, w_ptr, stats_ptr, grad_ptr, n_tokens, seq_len, n_cols,
-                           logits_stride_b, logits_stride_t, logits_stride_v, ids_stride_b, ids_stride_t,
-                           grad_stride_b, grad_stride_t, inv_temperature, BLOCK_V: tl.constexpr,
-                           ORDER_TARGET_STORE: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                           REVERSE: tl.constexpr = False):
-    """The gradient pass on its own (CUDA_SPLIT_GRAD): per token, lse and c from the loss kernel's ``stats``."""
-    inv_temperature = tl.cast(inv_temperature, tl.float32)
-    col_ids = tl.arange(0, BLOCK_V)
-    for token in tl.range(program_start(1), n_tokens, grid_stride(1)):
-        b = token // seq_len
-        t = token - b * seq_len
-        row_ptr = logits_ptr + b * logits_stride_b + t * logits_stride_t
-        valid = tl.load(w_ptr + token) != 0.0
-        token_id = tl.load(ids_ptr + b * ids_stride_b + t * ids_stride_t).to(tl.int64)
-        in_range = (token_id >= 0) & (token_id < n_cols)
-        safe_id = tl.where(in_range, token_id, 0)
-        z_id = tl.load(row_ptr + safe_id * logits_stride_v, mask=valid, other=0.0).to(tl.float32) * inv_temperature
-        _gradient_row(row_ptr, grad_ptr + b * grad_stride_b + t * grad_stride_t, logits_stride_v, n_cols,
-                      tl.where(valid, n_cols, 0), tl.load(stats_ptr + token), tl.load(stats_ptr + n_tokens + token),
-                      z_id, safe_id, valid & in_range, inv_temperature, col_ids, BLOCK_V, ORDER_TARGET_STORE,
-                      PREFETCH, REVERSE)
+        if COMPUTE_GRAD:
+            # Pass 2: d / d logits = c * (onehot - softmax), c = w * dlogp / T; exact zeros for a masked token,
+            # walked from the row's end when REVERSE
+            c = dlogp * w * inv_temperature
+            lse = m + log_d
+            grad_row = grad_ptr + b * grad_stride_b + t * grad_stride_t
+            n_blocks, first, step = chunk_walk(n_cols, BLOCK_V, REVERSE)
+            if PREFETCH:  # CUDA only: the next block, as stored, is in flight while this one is written
+                z_next = tl.load(row_ptr + (first + col_ids).to(tl.int64) * logits_stride_v,
+                                 mask=first + col_ids < read_cols, other=0.0)
+            for i in tl.range(0, n_blocks):
+                cols = first + i * step + col_ids
+                load_mask = cols < read_cols
+                if PREFETCH:
+                    z = z_next.to(tl.float32) * inv_temperature
+                    ahead = cols + step
+                    z_next = tl.load(row_ptr + ahead.to(tl.int64) * logits_stride_v,
+                                     mask=(ahead >= 0) & (ahead < read_cols), other=0.0)
+                else:
+                    z = tl.load(row_ptr + cols.to(tl.int64) * logits_stride_v, mask=load_mask,
+                                other=0.0).to(tl.float32) * inv_temperature
+                dz = tl.where(load_mask, -tl.exp(z - lse) * c, 0.0)
+                tl.store(grad_row + cols.to(tl.int64), dz.to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
+            if ORDER_TARGET_STORE:  # CUDA: the block store above wrote this column from another thread
+                tl.debug_barrier()
+            dz_id = (1.0 - tl.exp(z_id - lse)) * c
+            tl.store(grad_row + safe_id, dz_id.to(grad_ptr.dtype.element_ty), mask=valid & in_range)
 
 
 def _check_per_token(name: str, tensor: Optional[torch.Tensor], shape, ref: torch.Tensor) -> None:
@@ -313,23 +270,19 @@ def token_weights(valid: torch.Tensor, loss_type: str, max_completion_length: Op
 
 
 @memoised_plan
-def _plan(device_type: str, n_cols: int, kernel: str):
-    """BLOCK_V plan of a kernel ("loss": the loss kernel alone, "fused": the loss kernel with its gradient pass,
-    "grad": the gradient kernel): the UB manager's tile from the memory multipliers on the NPU and CPU, the CUDA
+def _plan(device_type: str, n_cols: int, compute_grad: bool):
+    """BLOCK_V plan of the kernel: the UB manager's tile from the memory multipliers on the NPU and CPU, the CUDA
     constants above on CUDA."""
-    multiplier, cuda_block, cuda_warps = {
-        "loss": (MEMORY_MULTIPLIER, CUDA_BLOCK, CUDA_WARPS),
-        "fused": (GRAD_MEMORY_MULTIPLIER, CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS),
-        "grad": (GRAD_MEMORY_MULTIPLIER, CUDA_SPLIT_GRAD_BLOCK, CUDA_SPLIT_GRAD_WARPS)}[kernel]
+    multiplier, cuda_block, cuda_warps = ((GRAD_MEMORY_MULTIPLIER, CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS) if compute_grad
+                                          else (MEMORY_MULTIPLIER, CUDA_BLOCK, CUDA_WARPS))
     return plan_launch(device_type, TileRequest(multiplier, ((n_cols,),), (0,), COMPUTE_DTYPE_SIZE,
                                                 cuda_num_warps=cuda_warps, cuda_max_block=cuda_block))
 
 
 def _switches(device_type: str) -> dict:
-    """The kernels' walk switches on this backend and whether the gradient is a kernel of its own (the knobs above,
-    read on every call so that a probe may change them)."""
-    cuda = device_type == "cuda"
-    return dict(PREFETCH=cuda and CUDA_PREFETCH, REVERSE=REVERSE_GRAD_PASS, SPLIT=cuda and CUDA_SPLIT_GRAD)
+    """The kernel's walk switches on this backend (the knobs above, read on every call so that a probe may change
+    them)."""
+    return dict(PREFETCH=device_type == "cuda" and CUDA_PREFETCH, REVERSE=REVERSE_GRAD_PASS)
 
 
 def _options(plan, stages) -> dict:
@@ -382,32 +335,19 @@ def grpo_loss_forward(logits: torch.Tensor, completion_ids: torch.Tensor, advant
     elif n_tokens > 0:
         _report_bad_ids(completion_ids, valid, n_cols)
         require_launchable(device)
-        switches = _switches(device.type)
-        split = switches.pop("SPLIT") and grad is not None
-        # tiles: see MEMORY_MULTIPLIER and the CUDA launch above
-        plan = _plan(device.type, n_cols, "fused" if grad is not None and not split else "loss")
+        plan = _plan(device.type, n_cols, compute_grad)  # tiles: see MEMORY_MULTIPLIER and the CUDA launch above
         dummy = token_loss  # never read: HAS_OLD / HAS_REF off
         old, ref = (old_logp if old_logp is not None else dummy), (ref_logp if ref_logp is not None else dummy)
-        stats = torch.empty((2, n_tokens), dtype=torch.float32, device=device) if split else dummy
-        fused_grad = grad is not None and not split
         _grpo_loss_fwd_kernel[(plan.grid(n_tokens),)](
             logits, completion_ids, advantages, w, old, ref, token_loss, kl, clipped,
-            grad if fused_grad else token_loss, stats, n_tokens, seq_len, n_cols, *logits.stride(),
+            grad if grad is not None else token_loss, n_tokens, seq_len, n_cols, *logits.stride(),
             *completion_ids.stride(), advantages.stride(0), *old.stride(), *ref.stride(),
-            grad.stride(0) if fused_grad else 0, grad.stride(1) if fused_grad else 0,
+            grad.stride(0) if grad is not None else 0, grad.stride(1) if grad is not None else 0,
             1.0 / temperature, float(beta), float(eps_low), float(eps_high), HAS_OLD=old_logp is not None,
             HAS_REF=ref_logp is not None, HAS_KL_PENALTY=ref_logp is not None and beta != 0.0,
-            COMPUTE_GRAD=fused_grad, BLOCK_V=plan.block, ORDER_TARGET_STORE=logits.is_cuda, SAVE_STATS=split,
-            **switches, **_options(plan, CUDA_STAGES)
+            COMPUTE_GRAD=grad is not None, BLOCK_V=plan.block, ORDER_TARGET_STORE=logits.is_cuda,
+            **_switches(device.type), **_options(plan, CUDA_STAGES)
         )
-        if split:
-            grad_plan = _plan(device.type, n_cols, "grad")
-            _grpo_loss_grad_kernel[(grad_plan.grid(n_tokens),)](
-                logits, completion_ids, w, stats, grad, n_tokens, seq_len, n_cols, *logits.stride(),
-                *completion_ids.stride(), grad.stride(0), grad.stride(1), 1.0 / temperature,
-                BLOCK_V=grad_plan.block, ORDER_TARGET_STORE=logits.is_cuda, **switches,
-                **_options(grad_plan, CUDA_SPLIT_GRAD_STAGES)
-            )
     if grad is not None and logits.shape[1] > seq_len:
         grad[:, seq_len:].zero_()  # the last position predicts past the completion: no gradient
     if grad is not None and n_tokens == 0:

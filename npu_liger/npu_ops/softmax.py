@@ -48,11 +48,12 @@ NPU never prefetches, so the multipliers stay.
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from ._norm import CudaWideRows, as_rows, check_grad, plan_rows
 from ._triton import (check_float_tensor, chunk_walk, grid_stride, launched_kernel, new_like, program_start,
-                      require_launchable, store_maybe_streaming)
+                      require_launchable)
 
 FORWARD_MEMORY_MULTIPLIER = 2.5
 BACKWARD_MEMORY_MULTIPLIER = 2.5
@@ -73,6 +74,14 @@ CUDA_STREAM_MIN_COLS = 8192
 REVERSE_SECOND_PASS = True
 
 
+@triton.jit
+def _store(ptr, value, mask, STREAM: tl.constexpr):
+    if STREAM:  # CUDA only (decided by the launcher): written once, evict first
+        tl.store(ptr, value, mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(ptr, value, mask=mask)
+
+
 @launched_kernel(do_not_specialize=["n_rows"])
 def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, x_stride, WHOLE_ROW: tl.constexpr, BLOCK_R: tl.constexpr,
                         BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr = False, REVERSE: tl.constexpr = False,
@@ -87,7 +96,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, x_stride, WHOLE_ROW: tl.co
             x = tl.load(x_ptr + rows * x_stride + col_ids, mask=mask, other=float("-inf")).to(tl.float32)
             e = tl.exp(x - tl.max(x, axis=1)[:, None])
             y = e * (1.0 / tl.sum(e, axis=1))[:, None]
-            store_maybe_streaming(y_ptr + rows * n_cols + col_ids, y.to(y_ptr.dtype.element_ty), mask, STREAM)
+            _store(y_ptr + rows * n_cols + col_ids, y.to(y_ptr.dtype.element_ty), mask, STREAM)
     else:  # one row in BLOCK_N chunks: pass 1 online max and sum, pass 2 normalises
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
@@ -128,7 +137,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, x_stride, WHOLE_ROW: tl.co
                 else:
                     x = tl.load(x_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
                 y = tl.exp(x - m) * inv_d
-                store_maybe_streaming(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask, STREAM)
+                _store(y_ptr + rows * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask, STREAM)
 
 
 @launched_kernel(do_not_specialize=["n_rows"])
@@ -145,7 +154,7 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, dy_stride, y_stri
             y = tl.load(y_ptr + rows * y_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + rows * dy_stride + col_ids, mask=mask, other=0.0).to(tl.float32)
             dx = y * (dy - tl.sum(dy * y, axis=1)[:, None])
-            store_maybe_streaming(dx_ptr + rows * n_cols + col_ids, dx.to(dx_ptr.dtype.element_ty), mask, STREAM)
+            _store(dx_ptr + rows * n_cols + col_ids, dx.to(dx_ptr.dtype.element_ty), mask, STREAM)
     else:  # one row in chunks: pass 1 sum(dy * y), pass 2 dx
         for start in tl.range(program_start(BLOCK_R), n_rows, grid_stride(BLOCK_R)):
             rows = start + row_ids
@@ -190,8 +199,7 @@ def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, n_rows, n_cols, dy_stride, y_stri
                 else:
                     y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
                     dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-                dx = y * (dy - dot)
-                store_maybe_streaming(dx_ptr + rows * n_cols + cols, dx.to(dx_ptr.dtype.element_ty), mask, STREAM)
+                _store(dx_ptr + rows * n_cols + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask, STREAM)
 
 
 def _last_dim(t: torch.Tensor) -> int:

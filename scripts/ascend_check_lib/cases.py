@@ -175,20 +175,6 @@ def _grpo_with_grad(grpo):
     return grpo_with_grad
 
 
-def _grpo_split_grad(grpo):
-    """The gradient as a kernel of its own (CUDA's ``CUDA_SPLIT_GRAD``; the NPU fuses it into the loss kernel):
-    compiled for the NPU too, so that turning the split on there needs no other check."""
-    def grpo_split_grad(logits, completion_ids, advantages, completion_mask, old_logp, ref_logp, beta, loss_type):
-        switches = grpo._switches
-        grpo._switches = lambda device_type: {**switches(device_type), "SPLIT": True}
-        try:
-            _grpo_with_grad(grpo)(logits, completion_ids, advantages, completion_mask, old_logp, ref_logp, beta,
-                                  loss_type)
-        finally:
-            grpo._switches = switches
-    return grpo_split_grad
-
-
 def _cross_entropy_every_option(ce):
     """Every switch of the row kernel at once: class weights with label smoothing (the weighted sums), the
     statistics (the running argmax), token scaling, softcap and z-loss; loss only and with the gradient."""
@@ -386,8 +372,7 @@ OPS: List[Op] = [
        [Problem("b8 l1024+1 V151936 mask old ref", _grpo(8, 1024, 151936, 1, True, True, True), bench=True),
         Problem("b2 l7 V1001 no old, no ref", _grpo(2, 7, 1001, 0, False, False, False)),
         Problem("b3 l5+1 V77 mask ref", _grpo(3, 5, 77, 1, True, False, True))],
-       [Call("fwd", "grpo_loss_forward"), Call("fwd+grad", "grpo_loss_forward", adapter=_grpo_with_grad),
-        Call("fwd+split grad", "grpo_loss_forward", adapter=_grpo_split_grad)]),
+       [Call("fwd", "grpo_loss_forward"), Call("fwd+grad", "grpo_loss_forward", adapter=_grpo_with_grad)]),
     # DyT: rows split over column blocks (8192, 20000), narrow rows packed per tile (64), fp32 parameters, no beta
     Op("dyt", [Problem("16384x8192", _dyt(16384, 8192), bench=True), Problem("7x131 no beta", _dyt(7, 131, beta=False)),
                Problem("4096x64 fp32 params", _dyt(4096, 64, param_dtype=torch.float32)),
