@@ -5,7 +5,8 @@
 #                                                    compiles
 #   bash benchmarks/results/round20/call.sh train    the goal run's training steps (three families, five variants)
 #   bash benchmarks/results/round20/call.sh final    grpo_probe.py's second set (num_stages), the grpo_loss harness
-#                                                    row at the new defaults, llama's and qwen3's eager and compiled
+#                                                    row at the new defaults, the CUDA tests of grpo_loss and
+#                                                    softmax at those defaults, llama's and qwen3's eager and compiled
 #                                                    training steps with their peers ("final short": not the
 #                                                    training steps)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -18,6 +19,8 @@ if [ "$1" = final ]; then
     timeout 70 python benchmarks/run.py --quick --rounds 3 --ops grpo_loss --skip compile-count,dispatch,cudagraphs \
         --out /tmp/hgrpo > "$OUT/harness_grpo.txt" 2>&1; grep -E "grpo_loss +B8" "$OUT/harness_grpo.txt" | head -8
     tar czf "$OUT/hgrpo.tgz" -C /tmp hgrpo
+    NPU_LIGER_TEST_DEVICE=cuda timeout 100 python -m pytest -q -n 8 -p no:cacheprovider tests/test_grpo_loss.py \
+        tests/test_softmax.py > "$OUT/tests2.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/tests2.txt"
     [ "$2" = short ] && exit 0
     timeout 210 python benchmarks/train_step.py --quick --families llama,qwen3 --variants hf_compiled,\
 npu_liger_compiled,liger_full,npu_liger --timeout-s 80 --budget-s 200 --out /tmp/train2 > "$OUT/train2.txt" 2>&1
