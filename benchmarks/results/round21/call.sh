@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Round twenty-one's GPU calls, from the repository root (liger-kernel 0.8.5 wheel in .whl/); logs into $OUT.
+#   bash benchmarks/results/round21/call.sh harness   the whole timing harness (--quick, 3 rounds), in two halves
+#                                                     of ops (merge them with benchmarks/run.py --merge)
+#   bash benchmarks/results/round21/call.sh train     round twenty's goal-run training steps (call.sh train there)
+#   bash benchmarks/results/round21/call.sh final     round twenty's "final short": the grpo num_stages probe, the
+#                                                     grpo harness row, the CUDA tests of grpo_loss and softmax
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
+OUT=${OUT:-/tmp/round21}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"; date -u | tee -a "$OUT/device.txt"
+FIRST=geglu,swiglu,embedding,tvd,cross_entropy,fused_linear_cross_entropy,fused_moe,rope,qwen2vl_mrope,llama4_rope,\
+rms_norm
+SECOND=fused_add_rms_norm,layer_norm,fused_linear_dpo,kl_div,jsd,fused_linear_jsd,grpo_loss,softmax,sparsemax,dyt,\
+poly_norm,group_norm
+if [ "$1" = harness ]; then
+    for half in FIRST SECOND; do
+        timeout 270 python benchmarks/run.py --quick --rounds 3 --ops "${!half}" \
+            --skip compile-count,dispatch,cudagraphs --out "/tmp/h_$half" > "$OUT/harness_$half.txt" 2>&1
+        echo "$half rc=$?"; grep -E "done at|npu_liger +fwd" "$OUT/harness_$half.txt" | tail -40
+    done
+    tar czf "$OUT/harness.tgz" -C /tmp h_FIRST h_SECOND
+else
+    OUT="$OUT" bash benchmarks/results/round20/call.sh "$@"
+fi
