@@ -92,11 +92,14 @@ def _jsd_grad(x, y, beta, log_beta, log_1m_beta, MODE: tl.constexpr):
 
 
 @triton.jit
-def _load_row(row_ptr, stride_col, cols, load_mask, shift, inv_temperature, FROM_LOGITS: tl.constexpr):
-    """One tile of a row in fp32: log-probabilities as stored, or logits made log-probabilities."""
+def _load_row(row_ptr, stride_col, cols, load_mask, row_max, log_sum, inv_temperature, FROM_LOGITS: tl.constexpr):
+    """One tile of a row in fp32: log-probabilities as stored, or logits made log-probabilities as log_softmax
+    computes them, ``(z - max) - log(sum(exp(z - max)))``: subtracting the rounded ``max + log(sum)`` instead costs
+    every log-probability ~|max| x 2^-24 of absolute error, which a confident row's top log-probability (near 0)
+    and the loss of large logits cannot afford (tests/test_fused_linear_jsd.py)."""
     v = tl.load(row_ptr + cols.to(tl.int64) * stride_col, mask=load_mask, other=0.0).to(tl.float32)
     if FROM_LOGITS:
-        v = v * inv_temperature - shift
+        v = (v * inv_temperature - row_max) - log_sum
     return v
 
 
@@ -120,8 +123,10 @@ def _jsd_fwd_kernel(x_ptr, y_ptr, labels_ptr, scale_ptr, row_loss_ptr, grad_ptr,
         read_cols = n_cols
         if HAS_LABELS:  # an ignored row reads nothing and yields zeros
             read_cols = tl.where(tl.load(labels_ptr + row * labels_stride) != ignore_index, n_cols, 0)
-        lse_x = 0.0
-        lse_y = 0.0
+        max_x = 0.0
+        log_sum_x = 0.0
+        max_y = 0.0
+        log_sum_y = 0.0
         if FROM_LOGITS:  # pass 1: online log-sum-exp of both rows (m starts finite: no inf - inf)
             m_x = -1e30
             d_x = 0.0
@@ -141,8 +146,11 @@ def _jsd_fwd_kernel(x_ptr, y_ptr, labels_ptr, scale_ptr, row_loss_ptr, grad_ptr,
                 d_y = d_y * tl.exp(m_y - my_new) + tl.sum(tl.exp(zy - my_new), axis=0)
                 m_y = my_new
             # no clamp on d: a NaN or +inf logit makes d NaN and must reach the loss; an ignored row has d = 0
-            lse_x = tl.where(read_cols > 0, m_x + tl.log(tl.where(read_cols > 0, d_x, 1.0)), 0.0)
-            lse_y = tl.where(read_cols > 0, m_y + tl.log(tl.where(read_cols > 0, d_y, 1.0)), 0.0)
+            row_read = read_cols > 0
+            max_x = tl.where(row_read, m_x, 0.0)
+            log_sum_x = tl.where(row_read, tl.log(tl.where(row_read, d_x, 1.0)), 0.0)
+            max_y = tl.where(row_read, m_y, 0.0)
+            log_sum_y = tl.where(row_read, tl.log(tl.where(row_read, d_y, 1.0)), 0.0)
         # pass 2: the row's loss (and dX: stored scaled from log-probabilities, summed from logits)
         acc = tl.zeros((BLOCK_V,), dtype=tl.float32)
         grad_acc = tl.zeros((BLOCK_V,), dtype=tl.float32)
@@ -150,8 +158,8 @@ def _jsd_fwd_kernel(x_ptr, y_ptr, labels_ptr, scale_ptr, row_loss_ptr, grad_ptr,
         for start in tl.range(0, n_cols, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             load_mask = cols < read_cols
-            x = _load_row(x_row, x_stride_col, cols, load_mask, lse_x, inv_temperature, FROM_LOGITS)
-            y = _load_row(y_row, y_stride_col, cols, load_mask, lse_y, inv_temperature, FROM_LOGITS)
+            x = _load_row(x_row, x_stride_col, cols, load_mask, max_x, log_sum_x, inv_temperature, FROM_LOGITS)
+            y = _load_row(y_row, y_stride_col, cols, load_mask, max_y, log_sum_y, inv_temperature, FROM_LOGITS)
             acc += tl.where(load_mask, _jsd_term(x, y, beta, log_beta, log_1m_beta, MODE), 0.0)
             if COMPUTE_GRAD:
                 dx = tl.where(load_mask, _jsd_grad(x, y, beta, log_beta, log_1m_beta, MODE), 0.0)
@@ -167,8 +175,8 @@ def _jsd_fwd_kernel(x_ptr, y_ptr, labels_ptr, scale_ptr, row_loss_ptr, grad_ptr,
             for start in tl.range(0, n_cols, BLOCK_V):
                 cols = start + tl.arange(0, BLOCK_V)
                 load_mask = cols < read_cols
-                x = _load_row(x_row, x_stride_col, cols, load_mask, lse_x, inv_temperature, FROM_LOGITS)
-                y = _load_row(y_row, y_stride_col, cols, load_mask, lse_y, inv_temperature, FROM_LOGITS)
+                x = _load_row(x_row, x_stride_col, cols, load_mask, max_x, log_sum_x, inv_temperature, FROM_LOGITS)
+                y = _load_row(y_row, y_stride_col, cols, load_mask, max_y, log_sum_y, inv_temperature, FROM_LOGITS)
                 dx = _jsd_grad(x, y, beta, log_beta, log_1m_beta, MODE)
                 dz = tl.where(load_mask, (dx - tl.exp(x) * grad_sum) * (inv_temperature * scale), 0.0)
                 tl.store(grad_row + cols.to(tl.int64), dz.to(grad_ptr.dtype.element_ty), mask=cols < n_cols)
