@@ -3,8 +3,9 @@
 #   bash benchmarks/results/round21/call.sh harness   the whole timing harness (--quick, 3 rounds), in two halves
 #                                                     of ops (merge them with benchmarks/run.py --merge)
 #   bash benchmarks/results/round21/call.sh train     round twenty's goal-run training steps (call.sh train there)
-#   bash benchmarks/results/round21/call.sh final     round twenty's "final short": the grpo num_stages probe, the
-#                                                     grpo harness row, the CUDA tests of grpo_loss and softmax
+#   bash benchmarks/results/round21/call.sh final     round twenty's "final short" (the grpo num_stages probe, the
+#                                                     grpo harness row, the CUDA tests of grpo_loss and softmax),
+#                                                     then the CUDA tests of jsd and fused_linear_jsd
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round21}; mkdir -p "$OUT"
@@ -20,6 +21,10 @@ if [ "$1" = harness ]; then
         echo "$half rc=$?"; grep -E "done at|npu_liger +fwd" "$OUT/harness_$half.txt" | tail -40
     done
     tar czf "$OUT/harness.tgz" -C /tmp h_FIRST h_SECOND
+elif [ "$1" = final ]; then
+    OUT="$OUT" bash benchmarks/results/round20/call.sh final short
+    NPU_LIGER_TEST_DEVICE=cuda timeout 100 python -m pytest -q -n 8 -p no:cacheprovider tests/test_jsd.py \
+        tests/test_fused_linear_jsd.py > "$OUT/tests_jsd.txt" 2>&1; echo "jsd tests rc=$?"; tail -3 "$OUT/tests_jsd.txt"
 else
     OUT="$OUT" bash benchmarks/results/round20/call.sh "$@"
 fi
