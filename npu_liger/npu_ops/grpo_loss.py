@@ -68,7 +68,9 @@ GRAD_MEMORY_MULTIPLIER = 8.0
 # prefetch 1.671, the reversed gradient pass 1.607, both 1.614, both on 4096 x 8 warps 1.577 (4096 x 4 1.630,
 # 16384 x 16 1.794); streaming gradient stores changed nothing (1.807 alone) and the gradient as a kernel of its
 # own, as Liger-Kernel splits it, was slower (1.666-1.691 on 2048-8192 columns, 8-16 warps): both removed.
-# Liger-Kernel 1.475.
+# Liger-Kernel 1.475. Round 21's probe (H100, round21/call2/grpo_probe2.txt): num_stages 1, 2 or 4 changed nothing
+# (2.058 ms each; the knob is gone), Liger-Kernel's backward launch (16 warps, 1 stage) on this kernel 2.041,
+# inside the harness rounds' 2% spread (Liger-Kernel 2.014).
 CUDA_BLOCK, CUDA_WARPS = 8192, 4
 CUDA_GRAD_BLOCK, CUDA_GRAD_WARPS = 4096, 8
 # CUDA: each pass loads the next block before reducing / storing this one (Triton does not pipeline these loops).
@@ -76,8 +78,6 @@ CUDA_PREFETCH = True
 # Every backend: the gradient pass walks the row from its end back to its start (the blocks pass 1 read last are
 # the likeliest still in the L2: 1.805 -> 1.607 ms above).
 REVERSE_GRAD_PASS = True
-# CUDA num_stages of the kernel; None: Triton's default (round 19: 1 was slower or equal on the old kernel).
-CUDA_STAGES = None
 
 
 # The logits' and gradient's strides are specialised (% 16 tells Triton a row's start is 16-element aligned: vector
@@ -285,12 +285,6 @@ def _switches(device_type: str) -> dict:
     return dict(PREFETCH=device_type == "cuda" and CUDA_PREFETCH, REVERSE=REVERSE_GRAD_PASS)
 
 
-def _options(plan, stages) -> dict:
-    """A plan's launch options, with ``num_stages`` on CUDA when a knob above sets it."""
-    options = plan.launch_options()
-    return options if stages is None or plan.backend != "cuda" else {**options, "num_stages": stages}
-
-
 def _report_bad_ids(completion_ids: torch.Tensor, valid: torch.Tensor, n_cols: int) -> None:
     """Ids of unmasked tokens outside [0, V): a ValueError on CPU (no cost there), a device-side assert on CUDA
     (no host synchronisation); elsewhere the kernel's NaN loss."""
@@ -346,7 +340,7 @@ def grpo_loss_forward(logits: torch.Tensor, completion_ids: torch.Tensor, advant
             1.0 / temperature, float(beta), float(eps_low), float(eps_high), HAS_OLD=old_logp is not None,
             HAS_REF=ref_logp is not None, HAS_KL_PENALTY=ref_logp is not None and beta != 0.0,
             COMPUTE_GRAD=grad is not None, BLOCK_V=plan.block, ORDER_TARGET_STORE=logits.is_cuda,
-            **_switches(device.type), **_options(plan, CUDA_STAGES)
+            **_switches(device.type), **plan.launch_options()
         )
     if grad is not None and logits.shape[1] > seq_len:
         grad[:, seq_len:].zero_()  # the last position predicts past the completion: no gradient

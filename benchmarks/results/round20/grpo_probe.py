@@ -4,10 +4,11 @@ PYTHONPATH=. python benchmarks/results/round20/grpo_probe.py; --cpu: a smoke tes
 The harness row grpo_loss B8 L1024 V128256 bf16 (``benchmarks/specs.py``: ~25% of the tokens masked, dapo, beta
 0.04), forward+backward as the harness calls it (torch.autograd.grad of the public function), under the kernel's
 walk switches of ``npu_liger/npu_ops/grpo_loss.py`` (CUDA_PREFETCH, REVERSE_GRAD_PASS), its gradient tile
-(CUDA_GRAD_BLOCK / CUDA_GRAD_WARPS) and num_stages (CUDA_STAGES), each set for one variant and restored, against
+(CUDA_GRAD_BLOCK / CUDA_GRAD_WARPS), each set for one variant and restored, against
 Liger-Kernel. ``VARIANTS_FIRST`` is what the first H200 call ran (``round20/call2/grpo_probe.txt``); two of its
 knobs, streaming gradient stores (CUDA_STREAM_GRAD) and the gradient as a kernel of its own (CUDA_SPLIT_GRAD and its
-tile), measured no gain and were removed from the kernel, so only ``VARIANTS`` runs now.
+tile), measured no gain and were removed from the kernel; so was num_stages (CUDA_STAGES) after the second set,
+``VARIANTS_SECOND``. ``VARIANTS`` (the default and Liger-Kernel's 16 warps) runs now.
 Printed per variant: do_bench median ms of the whole call, the summed kernel time per call (torch.profiler), and
 whether the gradient is bitwise equal to the first variant's (none of the switches changes any arithmetic). Then
 the loss alone (forward under no_grad) with and without the prefetch, on the loss-only tile (CUDA_BLOCK/WARPS).
@@ -99,14 +100,19 @@ VARIANTS_FIRST = {
     "split 4096/16 reverse": split(reverse=True),
 }
 # The second set (after the first set the defaults to prefetch + reverse on 4096 x 8): num_stages, and Liger-Kernel's
-# backward launch (16 warps, 1 stage) on the fused kernel.
-VARIANTS = {
+# backward launch (16 warps, 1 stage) on the fused kernel. Ran in round twenty-one (``round21/call2/grpo_probe2.txt``,
+# an H100): num_stages changed nothing, and its knob (CUDA_STAGES) was removed, so this set stops with that message.
+VARIANTS_SECOND = {
     "default (prefetch+reverse 4096/8)": {},
     "default, 1 stage": dict(CUDA_STAGES=1),
     "default, 2 stages": dict(CUDA_STAGES=2),
     "default, 4 stages": dict(CUDA_STAGES=4),
     "reverse 4096/8, 1 stage": dict(CUDA_PREFETCH=False, CUDA_STAGES=1),
     "default 4096/16, 1 stage": dict(CUDA_GRAD_WARPS=16, CUDA_STAGES=1),
+}
+VARIANTS = {
+    "default (prefetch+reverse 4096/8)": {},
+    "default 4096/16": dict(CUDA_GRAD_WARPS=16),
 }
 
 

@@ -6,6 +6,8 @@
 #   bash benchmarks/results/round21/call.sh final     round twenty's "final short" (the grpo num_stages probe, the
 #                                                     grpo harness row, the CUDA tests of grpo_loss and softmax),
 #                                                     then the CUDA tests of jsd and fused_linear_jsd
+#   bash benchmarks/results/round21/call.sh cgdiag [F]  cudagraph_diag.py: why the CUDA-graph training step gained
+#                                                     nothing in this round (family F, default gemma)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round21}; mkdir -p "$OUT"
@@ -21,6 +23,8 @@ if [ "$1" = harness ]; then
         echo "$half rc=$?"; grep -E "done at|npu_liger +fwd" "$OUT/harness_$half.txt" | tail -40
     done
     tar czf "$OUT/harness.tgz" -C /tmp h_FIRST h_SECOND
+elif [ "$1" = cgdiag ]; then
+    timeout 560 python benchmarks/results/round21/cudagraph_diag.py "${2:-gemma}" 2>&1 | tee "$OUT/cudagraph_diag.txt"
 elif [ "$1" = final ]; then
     OUT="$OUT" bash benchmarks/results/round20/call.sh final short
     NPU_LIGER_TEST_DEVICE=cuda timeout 100 python -m pytest -q -n 8 -p no:cacheprovider tests/test_jsd.py \

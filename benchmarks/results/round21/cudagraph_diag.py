@@ -1,0 +1,56 @@
+"""Why round twenty-one's CUDA-graph training step gained nothing over the plain compiled one (one H100: llama 106.9k
+against 105.7k tokens/s, qwen3 104.6k against 104.7k; round eighteen, same card kind, same command, 120.8k and
+117.6k; round nineteen's gemma 124.5k), with no change to the ops a training step runs in between.
+
+From the repository root on a CUDA machine, liger-kernel importable:
+
+    python benchmarks/results/round21/cudagraph_diag.py [FAMILY]       (default gemma)
+
+Runs train_step.py's worker (the same process the benchmark starts) for HF's and npu_liger's compiled steps with
+and without CUDA graphs (npu_liger's CUDA-graph step both with Inductor launching our kernels, the default, and
+with our ops opaque), with TORCH_LOGS=perf_hints so that Inductor prints why it skips CUDA graphs for a graph
+("skipping cudagraphs due to ..."), and prints each variant's tokens/s, step times and those lines. A variant
+whose graphs are all skipped runs at its plain compiled speed.
+"""
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, REPO)
+
+from benchmarks.train_step import SIZES, VARIANTS  # noqa: E402
+
+FAMILY = sys.argv[1] if len(sys.argv) > 1 else "gemma"
+NAMES = ("hf_compiled", "hf_compiled_cudagraphs", "npu_liger_compiled", "npu_liger_compiled_cudagraphs",
+         "npu_liger_compiled_cudagraphs_opaque")
+
+
+def run(name: str) -> None:
+    job = dict(family=FAMILY, variant=name, size=SIZES["default"], device="cuda", dtype="bfloat16", warmup=2, steps=5,
+               compile_backend="inductor", compile_scope="model", profile_steps=0)
+    env = dict(os.environ, TORCH_LOGS="perf_hints", PYTHONPATH=os.pathsep.join(
+        filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    if VARIANTS[name].inductor_launches is not None:
+        env["NPU_LIGER_INDUCTOR_LAUNCHES"] = VARIANTS[name].inductor_launches
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "train_step.py"), "--worker",
+                           json.dumps(job)], cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
+    result = next((json.loads(line[len("RESULT "):]) for line in reversed(proc.stdout.splitlines())
+                   if line.startswith("RESULT ")), None)
+    if result is None:
+        print(f"{name}: failed (exit {proc.returncode}): {' | '.join(proc.stderr.strip().splitlines()[-4:])}")
+        return
+    steps = ", ".join(f"{ms:.1f}" for ms in result["step_ms_each"])
+    print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, steps {steps} ms, peak {result['peak_gib']:.2f} GiB, "
+          f"warm-up {result['warmup_s']:.1f} s")
+    hints = [line for line in proc.stderr.splitlines() if "cudagraph" in line.lower()]
+    for line in hints[:12]:
+        print("   ", line[:300])
+    if len(hints) > 12:
+        print(f"    ... {len(hints) - 12} more")
+
+
+if __name__ == "__main__":
+    for variant in NAMES:
+        run(variant)
