@@ -11,7 +11,8 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round21}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"; date -u | tee -a "$OUT/device.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"; date -u | tee -a "$OUT/device.txt"
+python -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" | tee -a "$OUT/device.txt"
 FIRST=geglu,swiglu,embedding,tvd,cross_entropy,fused_linear_cross_entropy,fused_moe,rope,qwen2vl_mrope,llama4_rope,\
 rms_norm
 SECOND=fused_add_rms_norm,layer_norm,fused_linear_dpo,kl_div,jsd,fused_linear_jsd,grpo_loss,softmax,sparsemax,dyt,\
