@@ -121,7 +121,7 @@ def test_log_probabilities_of_offset_logits_keep_their_precision(beta):
     """Logits around +1000 (student) and -700 (teacher), whose softmax ignores the offset: log-probabilities
     computed as log_softmax does, (z - max) - log(sum), subtract numbers near each other (exact) and keep fp32's
     precision; z - (max + log(sum)) rounds max + log(sum) to fp32's spacing at 1000 (6e-5), an error every
-    log-probability of the row shares, ~1e-3 of the loss (the kernel did that before)."""
+    log-probability of the row shares (the kernel did that before: loss and gradients 2.6e-5 to 4e-5 off)."""
     vocab = 33
     student = 1000.0 + 2.0 * torch.randn(2, vocab, device=DEVICE)
     teacher = -700.0 + 2.0 * torch.randn(2, vocab, device=DEVICE)
