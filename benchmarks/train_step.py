@@ -311,6 +311,8 @@ def run_variant(job: dict) -> dict:
                   step_ms_each=marks.intervals_ms(), peak_gib=peak_gib(device),
                   first_loss=first_loss, last_loss=loss.item(), warmup_s=warmup_s, warmup_steps=warmup,
                   graph_breaks=breaks, note=note)
+    if cuda_graphs:  # graphs Inductor ran without CUDA graphs (TORCH_LOGS=cudagraphs says why)
+        result["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
     if job.get("profile_steps") and device.type == "cuda":
         result["profile"] = kernel_profile(step, warmup + job["steps"], job["profile_steps"], device)
     return result
@@ -531,8 +533,9 @@ def format_row(row, rows) -> str:
     if "error" in row:
         return f"{head} FAILED: {row['error']}"
     peak = "" if row["peak_gib"] is None else f"  peak {row['peak_gib']:6.2f} GiB"
+    skips = f"  CUDA graphs skipped for {row['cudagraph_skips']} graph(s)" if row.get("cudagraph_skips") else ""
     return (f"{head} {row['tokens_per_s']:11,.0f} tokens/s  {step_ms_text(row)} ms/step{peak}  "
-            f"first loss {row['first_loss']:.5f}  ({row['wall_s']:.0f} s)")
+            f"first loss {row['first_loss']:.5f}  ({row['wall_s']:.0f} s){skips}")
 
 
 def loss_check(row, rows) -> str:
