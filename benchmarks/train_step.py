@@ -445,23 +445,34 @@ def liger_version() -> Optional[str]:
         return None
 
 
-def launch(job: dict, timeout_s: float) -> dict:
-    """Run one variant in a fresh interpreter; returns its measurements or ``{"error": ...}``."""
+def run_worker(job: dict, timeout_s: float, extra_env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    """One variant in a fresh interpreter (``extra_env`` added to its environment, e.g. TORCH_LOGS); raises
+    subprocess.TimeoutExpired."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     if job["device"] == "cpu":
         env["TRITON_INTERPRET"] = "1"
     if VARIANTS[job["variant"]].inductor_launches is not None:
         env["NPU_LIGER_INDUCTOR_LAUNCHES"] = VARIANTS[job["variant"]].inductor_launches
-    try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)], cwd=REPO,
-                              env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s"}
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def worker_result(proc: subprocess.CompletedProcess) -> dict:
+    """A worker's measurements, or ``{"error": ...}`` with the end of its output."""
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
     return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def launch(job: dict, timeout_s: float) -> dict:
+    """Run one variant in a fresh interpreter; returns its measurements or ``{"error": ...}``."""
+    try:
+        return worker_result(run_worker(job, timeout_s))
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
 
 
 def environment(args) -> dict:

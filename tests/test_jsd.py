@@ -73,7 +73,7 @@ def loss_rounding_floor(x64, target, shift_labels, ignore_index, out64):
 
 def grad_rounding_floor(x64, target, shift_labels, ignore_index, beta, grad_scale, grad64):
     """The gradient's float32 error that cancellation allows, relative to the float64 gradient: dX = (1 - beta) * Q
-    * (X - log M) (Y - X + 1 at beta = 1) subtracts numbers of size |X| + |Y| + |log beta| + |log(1 - beta)| (the
+    * (X - log M) (Q * (X - Y + 1) at beta = 1) subtracts numbers of size |X| + |Y| + |log beta| + |log(1 - beta)| (the
     mixture's log-sum-exp) that nearly agree where the distributions do; all of them where a row has one class
     (every log-probability 0: the float64 gradient is rounding noise near 1e-17, CI drew fp32's 1.9e-9 against it).
     Two unit roundoffs of those sizes per element (log M's and the subtraction's); measured over 600 draws of this

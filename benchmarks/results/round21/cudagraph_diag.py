@@ -14,15 +14,13 @@ prints each variant's tokens/s, step times, skip count and those lines, after th
 change how CUDA memory is allocated or what Inductor does (an allocator other than the caching one makes Inductor
 skip every CUDA graph). A variant whose graphs are all skipped runs at its plain compiled speed.
 """
-import json
 import os
-import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, REPO)
 
-from benchmarks.train_step import SIZES, VARIANTS  # noqa: E402
+from benchmarks.train_step import SIZES, run_worker, worker_result  # noqa: E402
 
 FAMILY = sys.argv[1] if len(sys.argv) > 1 else "gemma"
 NAMES = ("hf_compiled", "hf_compiled_cudagraphs", "npu_liger_compiled", "npu_liger_compiled_cudagraphs",
@@ -32,18 +30,12 @@ NAMES = ("hf_compiled", "hf_compiled_cudagraphs", "npu_liger_compiled", "npu_lig
 def run(name: str, logs: str = "cudagraphs,perf_hints") -> None:
     job = dict(family=FAMILY, variant=name, size=SIZES["default"], device="cuda", dtype="bfloat16", warmup=2, steps=5,
                compile_backend="inductor", compile_scope="model", profile_steps=0)
-    env = dict(os.environ, TORCH_LOGS=logs, PYTHONPATH=os.pathsep.join(
-        filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-    if VARIANTS[name].inductor_launches is not None:
-        env["NPU_LIGER_INDUCTOR_LAUNCHES"] = VARIANTS[name].inductor_launches
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "train_step.py"), "--worker",
-                           json.dumps(job)], cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
-    result = next((json.loads(line[len("RESULT "):]) for line in reversed(proc.stdout.splitlines())
-                   if line.startswith("RESULT ")), None)
-    if result is None and logs != "perf_hints" and "TORCH_LOGS" in proc.stderr:  # a torch without that artifact
+    proc = run_worker(job, 150, dict(TORCH_LOGS=logs))
+    result = worker_result(proc)
+    if "error" in result and logs != "perf_hints" and "TORCH_LOGS" in proc.stderr:  # a torch without that artifact
         return run(name, "perf_hints")
-    if result is None:
-        print(f"{name}: failed (exit {proc.returncode}): {' | '.join(proc.stderr.strip().splitlines()[-4:])}")
+    if "error" in result:
+        print(f"{name}: failed: {result['error']}")
         return
     steps = ", ".join(f"{ms:.1f}" for ms in result["step_ms_each"])
     print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, steps {steps} ms, peak {result['peak_gib']:.2f} GiB, "
