@@ -4,7 +4,7 @@ against 105.7k tokens/s, qwen3 104.6k against 104.7k; round eighteen, same card 
 
 From the repository root on a CUDA machine, liger-kernel importable:
 
-    python benchmarks/results/round21/cudagraph_diag.py [FAMILY]       (default gemma)
+    python benchmarks/results/round21/cudagraph_diag.py [FAMILY [VARIANT,...]]   (default gemma, the five below)
 
 Runs train_step.py's worker (the same process the benchmark starts) for HF's and npu_liger's compiled steps with
 and without CUDA graphs (npu_liger's CUDA-graph step both with Inductor launching our kernels, the default, and
@@ -25,6 +25,8 @@ from benchmarks.train_step import SIZES, run_worker, worker_result  # noqa: E402
 FAMILY = sys.argv[1] if len(sys.argv) > 1 else "gemma"
 NAMES = ("hf_compiled", "hf_compiled_cudagraphs", "npu_liger_compiled", "npu_liger_compiled_cudagraphs",
          "npu_liger_compiled_cudagraphs_opaque")
+if len(sys.argv) > 2:
+    NAMES = tuple(sys.argv[2].split(","))
 
 
 def run(name: str, logs: str = "cudagraphs,perf_hints") -> None:
