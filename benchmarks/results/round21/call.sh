@@ -14,6 +14,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 OUT=${OUT:-/tmp/round21}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"; date -u | tee -a "$OUT/device.txt"
 python -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" | tee -a "$OUT/device.txt"
+nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,power.max_limit,temperature.gpu \
+    --format=csv | tee -a "$OUT/device.txt"
 (lscpu | grep -m1 "Model name"; nproc; env | grep -E "^(PYTORCH|TORCH|CUDA_)" ) | tee -a "$OUT/device.txt"
 FIRST=geglu,swiglu,embedding,tvd,cross_entropy,fused_linear_cross_entropy,fused_moe,rope,qwen2vl_mrope,llama4_rope,\
 rms_norm

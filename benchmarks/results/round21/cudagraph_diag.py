@@ -10,9 +10,11 @@ Runs train_step.py's worker (the same process the benchmark starts) for HF's and
 and without CUDA graphs (npu_liger's CUDA-graph step both with Inductor launching our kernels, the default, and
 with our ops opaque), with TORCH_LOGS=cudagraphs,perf_hints so that Inductor prints why it skips CUDA graphs for a
 graph ("skipping cudagraphs due to ..."; it also counts those, ``cudagraph_skips`` in train_step's result), and
-prints each variant's tokens/s, step times, skip count and those lines, after the environment variables that
-change how CUDA memory is allocated or what Inductor does (an allocator other than the caching one makes Inductor
-skip every CUDA graph). A variant whose graphs are all skipped runs at its plain compiled speed.
+prints each variant's tokens/s, step times, skip count, the device time of its kernels per step against the wall
+time of two profiled steps (near equal: the step is GPU-bound and CUDA graphs have nothing to take) and those
+lines, after the environment variables that change how CUDA memory is allocated or what Inductor does (an
+allocator other than the caching one makes Inductor skip every CUDA graph). A variant whose graphs are all skipped
+runs at its plain compiled speed.
 """
 import os
 import sys
@@ -31,7 +33,7 @@ if len(sys.argv) > 2:
 
 def run(name: str, logs: str = "cudagraphs,perf_hints") -> None:
     job = dict(family=FAMILY, variant=name, size=SIZES["default"], device="cuda", dtype="bfloat16", warmup=2, steps=5,
-               compile_backend="inductor", compile_scope="model", profile_steps=0)
+               compile_backend="inductor", compile_scope="model", profile_steps=2)
     proc = run_worker(job, 150, dict(TORCH_LOGS=logs))
     result = worker_result(proc)
     if "error" in result and logs != "perf_hints" and "TORCH_LOGS" in proc.stderr:  # a torch without that artifact
@@ -42,6 +44,9 @@ def run(name: str, logs: str = "cudagraphs,perf_hints") -> None:
     steps = ", ".join(f"{ms:.1f}" for ms in result["step_ms_each"])
     print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, steps {steps} ms, peak {result['peak_gib']:.2f} GiB, "
           f"warm-up {result['warmup_s']:.1f} s, CUDA-graph skips {result.get('cudagraph_skips', '-')}")
+    profile = result.get("profile") or {}
+    print(f"    profiled: {profile.get('wall_ms_per_step', '-')} ms per step wall, "
+          f"{profile.get('kernel_ms_per_step', '-')} ms of kernels (a step near its kernels' time is GPU-bound)")
     hints = [line for line in proc.stderr.splitlines() if "cudagraph" in line.lower()]
     for line in hints[:12]:
         print("   ", line[:300])
