@@ -314,7 +314,10 @@ def run_variant(job: dict) -> dict:
     if cuda_graphs:  # graphs Inductor ran without CUDA graphs (TORCH_LOGS=cudagraphs says why)
         result["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
     if job.get("profile_steps") and device.type == "cuda":
-        result["profile"] = kernel_profile(step, warmup + job["steps"], job["profile_steps"], device)
+        try:  # after the timed steps: a profiler failure (e.g. under CUDA graphs) costs only the profile
+            result["profile"] = kernel_profile(step, warmup + job["steps"], job["profile_steps"], device)
+        except Exception as error:  # noqa: BLE001
+            result["profile"] = dict(error=f"{type(error).__name__}: {error}"[:300])
     return result
 
 
@@ -644,6 +647,9 @@ def profile_markdown(rows) -> str:
     lines = []
     for row in rows:
         prof = row["profile"]
+        if "error" in prof:
+            lines += [f"## {row['family']} {row['variant']}: profile failed: {prof['error']}", ""]
+            continue
         lines += [f"## {row['family']} {row['variant']}: wall {prof['wall_ms_per_step']} ms/step, kernels "
                   f"{prof['kernel_ms_per_step']} ms/step ({prof['steps']} profiled steps)", "",
                   "| group | ms/step |", "|---|---|"]

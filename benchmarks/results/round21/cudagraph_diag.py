@@ -45,7 +45,7 @@ def run(name: str, logs: str = "cudagraphs,perf_hints") -> None:
     print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, steps {steps} ms, peak {result['peak_gib']:.2f} GiB, "
           f"warm-up {result['warmup_s']:.1f} s, CUDA-graph skips {result.get('cudagraph_skips', '-')}")
     profile = result.get("profile") or {}
-    print(f"    profiled: {profile.get('wall_ms_per_step', '-')} ms per step wall, "
+    print(f"    profiled: {profile.get('error') or ''}{profile.get('wall_ms_per_step', '-')} ms per step wall, "
           f"{profile.get('kernel_ms_per_step', '-')} ms of kernels (a step near its kernels' time is GPU-bound)")
     hints = [line for line in proc.stderr.splitlines() if "cudagraph" in line.lower()]
     for line in hints[:12]:
