@@ -596,3 +596,41 @@ def test_gradient_checkpointing(family):
     for op in FAMILIES[family][1]:
         assert counter.counts.get(f"{op}_backward", 0) >= COMMON["num_hidden_layers"], counter.counts
     _assert_matches(got, ref, what="gradient checkpointing, dispatch mode: ")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs: CUDA only")
+@pytest.mark.parametrize("launches", ["auto", "0"], ids=["inductor_launches", "opaque"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma"])
+def test_cuda_graph_training_follows_eager(family, launches, monkeypatch):
+    """Training under torch.compile(mode="reduce-overhead") takes the eager model's steps: a new batch every step
+    and the optimizer's in-place updates, so a kernel that a replayed graph left out (its output kept from the
+    recording) shows as a wrong loss or parameter. Rounds seventeen to nineteen of BENCHMARKS.md timed such steps:
+    they ran below the kernels' own time and trained to NaN. Our ops launched from Inductor's code (the default
+    under CUDA graphs) and opaque (NPU_LIGER_INDUCTOR_LAUNCHES=0) both."""
+    from npu_liger.registrations import _op
+
+    _require_ops(FAMILIES[family][1])
+    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", launches)
+    model = nlt.apply_to_model(_build(family))
+    reference = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    # SGD: an update proportional to the gradient keeps rounding differences at rounding size (Adam's m / sqrt(v)
+    # would turn a near-zero gradient's rounding into a whole step)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    g = torch.Generator().manual_seed(2)
+    for step in range(6):  # warm-up, recording, then replays
+        ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=g).to(DEVICE)
+        losses = []
+        for run, opt in zip((compiled, reference), optimizers, strict=True):
+            torch.compiler.cudagraph_mark_step_begin()
+            loss = run(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.detach().clone())
+        got, want = losses
+        assert torch.isfinite(got), f"step {step}: loss {got.item()} (eager {want.item()})"
+        assert rel_error(got, want) <= 1e-4, f"step {step}: loss {got.item()} against eager {want.item()}"
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert rel_error(p, q) <= 1e-4, f"{name} after 6 steps: relative error {rel_error(p, q):.2e}"

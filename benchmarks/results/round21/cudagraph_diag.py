@@ -48,7 +48,8 @@ def run(name: str, logs: str = "cudagraphs,perf_hints") -> None:
         return
     steps = ", ".join(f"{ms:.1f}" for ms in result["step_ms_each"])
     print(f"{name}: {result['tokens_per_s']:,.0f} tokens/s, steps {steps} ms, peak {result['peak_gib']:.2f} GiB, "
-          f"warm-up {result['warmup_s']:.1f} s, CUDA-graph skips {result.get('cudagraph_skips', '-')}")
+          f"warm-up {result['warmup_s']:.1f} s, CUDA-graph skips {result.get('cudagraph_skips', '-')}, "
+          f"loss {result['first_loss']:.5f} -> {result['last_loss']:.5f} after {result['warmup_steps'] + 5} steps")
     profile = result["profile"]
     if "error" in profile:
         print(f"    profile failed: {profile['error']}")
