@@ -44,6 +44,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -449,16 +450,23 @@ def liger_version() -> Optional[str]:
 
 
 def run_worker(job: dict, timeout_s: float, extra_env: Optional[dict] = None) -> subprocess.CompletedProcess:
-    """One variant in a fresh interpreter (``extra_env`` added to its environment, e.g. TORCH_LOGS); raises
-    subprocess.TimeoutExpired."""
+    """One variant in a fresh interpreter (``extra_env`` added to its environment, e.g. TORCH_LOGS) with an
+    Inductor cache of its own; raises subprocess.TimeoutExpired.
+
+    The cache is per worker because Inductor's and AOTAutograd's caches key a compiled graph on the Dynamo graph
+    and torch's configs, not on NPU_LIGER_INDUCTOR_LAUNCHES nor on our ops' code: round nineteen's opaque CUDA-graph
+    variant warmed up in 6 s against its launches variant's 34 s just before it, most likely loading that graph,
+    so that A/B probably compared one graph with itself."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     if job["device"] == "cpu":
         env["TRITON_INTERPRET"] = "1"
     if VARIANTS[job["variant"]].inductor_launches is not None:
         env["NPU_LIGER_INDUCTOR_LAUNCHES"] = VARIANTS[job["variant"]].inductor_launches
-    env.update(extra_env or {})
-    return subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    with tempfile.TemporaryDirectory(prefix="npu_liger_inductor_") as cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache
+        env.update(extra_env or {})
+        return subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
 def worker_result(proc: subprocess.CompletedProcess) -> dict:

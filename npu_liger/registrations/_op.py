@@ -65,13 +65,14 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
 # time, per call, and nothing recompiles. Other devices keep it opaque too: torch_npu's Inductor is not checked
 # here (no NPU, and torch_npu cannot be imported without CANN), and the interpreter cannot run on fake tensors.
 # When: by default only in graphs that Inductor compiles with CUDA graphs (``mode="reduce-overhead"``, or the
-# option ``triton.cudagraphs``): a replay then runs none of our Python, 1.13x our plain compiled training step
-# (BENCHMARKS.md, round seventeen, an H100), where the CUDA-graph step with opaque ops measured 1.01x (round
-# thirteen, an H200). Round nineteen's same-machine A/B (``train_step.py``'s ``_opaque`` variant, gemma, an H100)
-# measured the two equal (124.5k and 124.6k tokens/s), so the default neither gains nor costs there now; it stays
-# as the path rounds seventeen to nineteen measured and the CUDA tests check. In other graphs the ops stay
-# opaque: the launches measured no gain there in round twelve (111.0k against 112.0k tokens/s, an H200) and +2.4%
-# in round nineteen (gemma, one run each, inside this host's 1-2% drift), and the graphs stay simpler.
+# option ``triton.cudagraphs``), where the generated code and its kernels are all a replay holds. The training
+# step measures no speed difference either way: with CUDA graphs it is 1.01x our plain compiled step opaque
+# (round thirteen, an H200) and 1.00-1.01x with the launches (round twenty-one, an H100), the step being GPU-bound.
+# (Rounds seventeen to nineteen measured 1.13x, but those CUDA-graph steps trained to NaN and ran below their own
+# kernels' time: they were not whole steps; tests/test_transformers_integration.py's CUDA-graph training test
+# now compares such a step with eager.) In other graphs the ops stay opaque: the launches measured no gain there
+# in round twelve (111.0k against 112.0k tokens/s, an H200) and +2.4% in round nineteen (gemma, one run each,
+# inside this host's 1-2% drift), and the graphs stay simpler.
 # NPU_LIGER_INDUCTOR_LAUNCHES=1 launches them in every static-size CUDA graph, =0 in none.
 INDUCTOR_LAUNCHES_ENV = "NPU_LIGER_INDUCTOR_LAUNCHES"
 

@@ -3,7 +3,9 @@
 #   bash benchmarks/results/round23/call.sh check    the CUDA tests of CUDA-graph training (new) and of Inductor
 #                                                    launches; the CUDA-graph diagnosis for llama; round eighteen's
 #                                                    code (old18/, from `git archive 364a324 npu_liger benchmarks`,
-#                                                    carried) timing its CUDA-graph step with a kernel profile
+#                                                    carried; today's train_step.py) timing its CUDA-graph step
+#                                                    with a kernel profile, our kernels launched by Inductor as
+#                                                    rounds seventeen and eighteen ran them
 #   bash benchmarks/results/round23/call.sh train    round twenty's goal-run training steps
 #   bash benchmarks/results/round23/call.sh harness  the whole timing harness in two halves (round21/call.sh)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -17,7 +19,7 @@ if [ "$1" = check ]; then
     echo "tests rc=$?"; grep -E "FAILED|Error|passed|failed" "$OUT/tests.txt" | tail -20
     timeout 200 python benchmarks/results/round21/cudagraph_diag.py llama \
         npu_liger_compiled,npu_liger_compiled_cudagraphs 2>&1 | tee "$OUT/cudagraph_diag.txt"
-    (cd old18 && PYTHONPATH=/tmp/site:$PWD timeout 120 python benchmarks/train_step.py --quick --families llama \
+    (cd old18 && NPU_LIGER_INDUCTOR_LAUNCHES=1 PYTHONPATH=/tmp/site:$PWD timeout 120 python benchmarks/train_step.py --quick --families llama \
         --variants npu_liger_compiled_cudagraphs --profile-steps 2 --timeout-s 110 --out /tmp/old18 \
         > "$OUT/old18_train.txt" 2>&1; echo "old18 rc=$?"; tail -4 "$OUT/old18_train.txt")
     python - <<'PY' | tee "$OUT/old18_summary.txt"
