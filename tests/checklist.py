@@ -336,3 +336,17 @@ def assert_rounded_grad_close(got, ref64, ref_lp, rounding_size, what, floor):
     ref_norm = ref64.detach().double().norm().item() or 1.0
     tol = (2.0 * rel_error(ref_lp, ref64) + (2.0 * UNIT_ROUNDOFF[got.dtype] * rounding_size + floor) / ref_norm)
     assert err <= tol, f"{what} ({got.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
+
+
+def use_inductor_launches(monkeypatch, setting: str) -> None:
+    """What NPU_LIGER_INDUCTOR_LAUNCHES=``setting`` at import gives, for one test: the setting and the compile
+    caches' tag that goes with it (registrations/_op.py), so no graph compiled under another setting is loaded."""
+    from npu_liger.registrations import _op
+
+    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", setting)
+    try:
+        from torch.compiler import config
+    except ImportError:
+        return
+    if hasattr(config, "cache_key_tag"):
+        monkeypatch.setattr(config, "cache_key_tag", _op.compile_cache_tag(setting, config.cache_key_tag))

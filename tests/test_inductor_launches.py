@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import npu_liger
-from checklist import DEVICE
+from checklist import DEVICE, use_inductor_launches
 from npu_liger.npu_ops._triton import interpreter_enabled
 from npu_liger.registrations import _op
 from npu_liger.registrations._op import INDUCTOR_LAUNCHES, OPAQUE_IN_GRAPHS, inductor_launches_in_this_graph
@@ -27,7 +27,7 @@ on_cuda = pytest.mark.skipif(DEVICE != "cuda" or interpreter_enabled() or INDUCT
 @pytest.fixture
 def launches_in_every_graph(monkeypatch):
     """As NPU_LIGER_INDUCTOR_LAUNCHES=1: static-size graphs launch the kernels whether or not they use CUDA graphs."""
-    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", "1")
+    use_inductor_launches(monkeypatch, "1")
 
 
 def _public_op_name(op) -> str:
@@ -59,7 +59,7 @@ def _step(fn, args, positions):
 def test_the_setting_decides_which_graphs_launch_the_kernels(monkeypatch, setting):
     from torch._inductor import config as inductor_config
 
-    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", setting)
+    use_inductor_launches(monkeypatch, setting)
     for cudagraphs in (False, True):
         with inductor_config.patch({"triton.cudagraphs": cudagraphs}):
             want = {"1": True, "0": False, "auto": cudagraphs}[setting]
@@ -128,7 +128,7 @@ def test_symbolic_sizes_keep_the_op_opaque_without_recompiles(launches_in_every_
 def test_plain_compile_keeps_the_ops_opaque_by_default(monkeypatch):
     from torch._inductor.utils import run_and_get_code
 
-    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", "auto")
+    use_inductor_launches(monkeypatch, "auto")
     torch._dynamo.reset()
     compiled = torch.compile(lambda a, b: npu_liger.swiglu(a, b) * 2, fullgraph=True, dynamic=False)
     a, b = (torch.randn(3, 64, device="cuda") for _ in range(2))
@@ -145,7 +145,7 @@ def test_cuda_graphs_capture_the_launched_kernels(monkeypatch, setting):
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
-    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", setting)
+    use_inductor_launches(monkeypatch, setting)
 
     torch._dynamo.reset()
     counters.clear()
@@ -189,3 +189,46 @@ def test_the_table_names_why_an_op_stays_opaque():
         assert not TRACED, "under the interpreter, or with NPU_LIGER_INDUCTOR_LAUNCHES=0, every op must stay opaque"
     else:
         assert "swiglu" in TRACED and "rms_norm" in TRACED
+
+
+def test_compile_cache_tag_follows_the_setting_and_the_sources(tmp_path):
+    """The tag that keeps a cached graph from outliving a change of NPU_LIGER_INDUCTOR_LAUNCHES or of our kernels:
+    one per setting, the user's own tag kept in front, our earlier part replaced, and a new one when any source a
+    launched graph bakes in changes."""
+    import shutil
+
+    tags = {setting: _op.compile_cache_tag(setting) for setting in ("auto", "1", "0")}
+    assert len(set(tags.values())) == 3 and all(t.startswith("npu_liger:") for t in tags.values()), tags
+    assert _op.compile_cache_tag("1", "mine") == "mine;" + tags["1"]
+    assert _op.compile_cache_tag("0", "mine;" + tags["1"]) == "mine;" + tags["0"]
+    for folder in _op.COMPILED_SOURCES:
+        shutil.copytree(_op.PACKAGE_ROOT / folder, tmp_path / folder)
+    assert _op.compile_cache_tag("auto", root=tmp_path) == tags["auto"]
+    kernel = next((tmp_path / "npu_ops").glob("*.py"))
+    kernel.write_text(kernel.read_text() + "\n# a kernel fix\n")
+    assert _op.compile_cache_tag("auto", root=tmp_path) != tags["auto"]
+
+
+@on_cuda
+def test_import_tags_the_compile_caches():
+    from torch.compiler import config
+
+    assert config.cache_key_tag.split(";")[-1] == _op.compile_cache_tag(INDUCTOR_LAUNCHES), config.cache_key_tag
+
+
+@on_cuda
+def test_a_new_setting_compiles_anew(monkeypatch):
+    """A graph compiled with the launches, then the same function under NPU_LIGER_INDUCTOR_LAUNCHES=0: the second
+    compile calls the opaque op (a cache keyed without the setting would hand back the first graph)."""
+    from torch._inductor.utils import run_and_get_code
+
+    a, b = (torch.randn(5, 96, device="cuda") for _ in range(2))
+    calls = []
+    for setting in ("1", "0"):
+        use_inductor_launches(monkeypatch, setting)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a, b: npu_liger.swiglu(a, b) + 1, fullgraph=True, dynamic=False)
+        got, code = run_and_get_code(compiled, a, b)
+        calls.append("torch.ops.npu_liger.swiglu" in "\n".join(code))
+        torch.testing.assert_close(got, npu_liger.swiglu(a, b) + 1, rtol=0, atol=0)
+    assert calls == [False, True], calls

@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from checklist import CountOps, DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error
+from checklist import CountOps, DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error, use_inductor_launches
 
 transformers = pytest.importorskip("transformers")
 import npu_liger.transformers as nlt  # noqa: E402
@@ -607,10 +607,8 @@ def test_cuda_graph_training_follows_eager(family, launches, monkeypatch):
     recording) shows as a wrong loss or parameter. Rounds seventeen to nineteen of BENCHMARKS.md timed such steps:
     they ran below the kernels' own time and trained to NaN. Our ops launched from Inductor's code (the default
     under CUDA graphs) and opaque (NPU_LIGER_INDUCTOR_LAUNCHES=0) both."""
-    from npu_liger.registrations import _op
-
     _require_ops(FAMILIES[family][1])
-    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", launches)
+    use_inductor_launches(monkeypatch, launches)
     model = nlt.apply_to_model(_build(family))
     reference = copy.deepcopy(model)
     torch._dynamo.reset()

@@ -13,7 +13,9 @@ never wraps a launcher by hand.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pathlib
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -87,6 +89,42 @@ def inductor_launches_setting() -> str:
 
 
 INDUCTOR_LAUNCHES = inductor_launches_setting()
+
+# Compile caches. A graph that launches our kernels holds their code and the tile plans chosen while it was traced,
+# but torch's AOTAutograd cache keys a graph on its Dynamo graph, where our ops are only names, and on torch's own
+# configs: a cached graph would outlive a change of NPU_LIGER_INDUCTOR_LAUNCHES or of npu_liger itself, a kernel
+# fix included (round nineteen's A/B most likely ran one setting's cached graph under the other: BENCHMARKS.md,
+# round twenty-three). Both go into torch.compiler.config.cache_key_tag, which torch's compile caches key on,
+# after the user's own tag.
+PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent.parent
+COMPILED_SOURCES = ("npu_ops", "registrations", "tiling")  # what a graph that launches our kernels bakes in
+_TAG_PREFIX = "npu_liger:"
+
+
+def compile_cache_tag(setting: str, user_tag: str = "", root: pathlib.Path = PACKAGE_ROOT) -> str:
+    """``user_tag`` (without an earlier npu_liger part) followed by a fingerprint of ``setting`` and of the
+    sources under ``root`` that a compiled graph bakes in (about 5 ms)."""
+    digest = hashlib.sha256(setting.encode())
+    for path in sorted(p for folder in COMPILED_SOURCES for p in (root / folder).rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    kept = [part for part in user_tag.split(";") if part and not part.startswith(_TAG_PREFIX)]
+    return ";".join([*kept, _TAG_PREFIX + digest.hexdigest()[:16]])
+
+
+def _tag_compile_caches() -> None:
+    """Where compiled graphs may launch our kernels (CUDA Triton): every setting, 0 included, since a graph cached
+    under another setting would otherwise be loaded."""
+    try:
+        from torch.compiler import config
+    except ImportError:  # a torch without it (before 2.6) has no such tag
+        return
+    if not hasattr(config, "cache_key_tag") or interpreter_enabled() or not torch.cuda.is_available():
+        return
+    config.cache_key_tag = compile_cache_tag(INDUCTOR_LAUNCHES, config.cache_key_tag)
+
+
+_tag_compile_caches()
 OPAQUE_IN_GRAPHS = {}  # op overload -> why compiled graphs always call it as an opaque op
 CHUNKED_LOSS = ("a chunked fused-linear loss: traced, Inductor would plan every chunk's matmul and logits buffers "
                 "itself, outside the op's chunk memory policy")
