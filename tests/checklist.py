@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Callable, Dict, Iterable, Sequence
@@ -338,15 +339,22 @@ def assert_rounded_grad_close(got, ref64, ref_lp, rounding_size, what, floor):
     assert err <= tol, f"{what} ({got.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
 
 
-def use_inductor_launches(monkeypatch, setting: str) -> None:
-    """What NPU_LIGER_INDUCTOR_LAUNCHES=``setting`` at import gives, for one test: the setting and the compile
-    caches' tag that goes with it (registrations/_op.py), so no graph compiled under another setting is loaded."""
+
+@contextlib.contextmanager
+def inductor_launches(setting: str):
+    """What NPU_LIGER_INDUCTOR_LAUNCHES=``setting`` at import gives, inside the block: the setting and the compile
+    caches' tag that goes with it (registrations/_op.py), so no graph compiled under another setting is loaded.
+    (torch's config is patched through its own ``patch``: pytest's monkeypatch would delete the option on undo.)"""
     from npu_liger.registrations import _op
 
-    monkeypatch.setattr(_op, "INDUCTOR_LAUNCHES", setting)
     try:
         from torch.compiler import config
-    except ImportError:
-        return
-    if hasattr(config, "cache_key_tag"):
-        monkeypatch.setattr(config, "cache_key_tag", _op.compile_cache_tag(setting, config.cache_key_tag))
+        tag = config.patch(cache_key_tag=_op.compile_cache_tag(setting, config.cache_key_tag))
+    except (ImportError, AttributeError):  # a torch without the tag
+        tag = contextlib.nullcontext()
+    previous, _op.INDUCTOR_LAUNCHES = _op.INDUCTOR_LAUNCHES, setting
+    try:
+        with tag:
+            yield
+    finally:
+        _op.INDUCTOR_LAUNCHES = previous

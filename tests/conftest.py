@@ -59,3 +59,15 @@ def small_ub(monkeypatch):
         monkeypatch.setenv("NPU_LIGER_EMULATED_UB_BYTES", str(ub_bytes))
 
     return shrink
+
+
+@pytest.fixture
+def set_inductor_launches():
+    """``set_inductor_launches(setting)``: checklist.inductor_launches(setting) until the test ends (a later call
+    takes over from an earlier one)."""
+    import contextlib
+
+    from checklist import inductor_launches
+
+    with contextlib.ExitStack() as stack:
+        yield lambda setting: stack.enter_context(inductor_launches(setting))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import npu_liger
-from checklist import DEVICE, use_inductor_launches
+from checklist import DEVICE, inductor_launches
 from npu_liger.npu_ops._triton import interpreter_enabled
 from npu_liger.registrations import _op
 from npu_liger.registrations._op import INDUCTOR_LAUNCHES, OPAQUE_IN_GRAPHS, inductor_launches_in_this_graph
@@ -25,9 +25,10 @@ on_cuda = pytest.mark.skipif(DEVICE != "cuda" or interpreter_enabled() or INDUCT
 
 
 @pytest.fixture
-def launches_in_every_graph(monkeypatch):
+def launches_in_every_graph():
     """As NPU_LIGER_INDUCTOR_LAUNCHES=1: static-size graphs launch the kernels whether or not they use CUDA graphs."""
-    use_inductor_launches(monkeypatch, "1")
+    with inductor_launches("1"):
+        yield
 
 
 def _public_op_name(op) -> str:
@@ -56,12 +57,11 @@ def _step(fn, args, positions):
 
 
 @pytest.mark.parametrize("setting", ["auto", "1", "0"])
-def test_the_setting_decides_which_graphs_launch_the_kernels(monkeypatch, setting):
+def test_the_setting_decides_which_graphs_launch_the_kernels(setting):
     from torch._inductor import config as inductor_config
 
-    use_inductor_launches(monkeypatch, setting)
     for cudagraphs in (False, True):
-        with inductor_config.patch({"triton.cudagraphs": cudagraphs}):
+        with inductor_launches(setting), inductor_config.patch({"triton.cudagraphs": cudagraphs}):
             want = {"1": True, "0": False, "auto": cudagraphs}[setting]
             assert inductor_launches_in_this_graph() is want, (setting, cudagraphs)
 
@@ -125,10 +125,10 @@ def test_symbolic_sizes_keep_the_op_opaque_without_recompiles(launches_in_every_
 
 
 @on_cuda
-def test_plain_compile_keeps_the_ops_opaque_by_default(monkeypatch):
+def test_plain_compile_keeps_the_ops_opaque_by_default(set_inductor_launches):
     from torch._inductor.utils import run_and_get_code
 
-    use_inductor_launches(monkeypatch, "auto")
+    set_inductor_launches("auto")
     torch._dynamo.reset()
     compiled = torch.compile(lambda a, b: npu_liger.swiglu(a, b) * 2, fullgraph=True, dynamic=False)
     a, b = (torch.randn(3, 64, device="cuda") for _ in range(2))
@@ -139,13 +139,13 @@ def test_plain_compile_keeps_the_ops_opaque_by_default(monkeypatch):
 
 @on_cuda
 @pytest.mark.parametrize("setting", ["auto", "1"])
-def test_cuda_graphs_capture_the_launched_kernels(monkeypatch, setting):
+def test_cuda_graphs_capture_the_launched_kernels(set_inductor_launches, setting):
     """Under mode="reduce-overhead" the kernels are launched from the generated code (by default too) and the
     CUDA graphs capture them."""
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
-    use_inductor_launches(monkeypatch, setting)
+    set_inductor_launches(setting)
 
     torch._dynamo.reset()
     counters.clear()
@@ -217,7 +217,7 @@ def test_import_tags_the_compile_caches():
 
 
 @on_cuda
-def test_a_new_setting_compiles_anew(monkeypatch):
+def test_a_new_setting_compiles_anew(set_inductor_launches):
     """A graph compiled with the launches, then the same function under NPU_LIGER_INDUCTOR_LAUNCHES=0: the second
     compile calls the opaque op (a cache keyed without the setting would hand back the first graph)."""
     from torch._inductor.utils import run_and_get_code
@@ -225,7 +225,7 @@ def test_a_new_setting_compiles_anew(monkeypatch):
     a, b = (torch.randn(5, 96, device="cuda") for _ in range(2))
     calls = []
     for setting in ("1", "0"):
-        use_inductor_launches(monkeypatch, setting)
+        set_inductor_launches(setting)
         torch._dynamo.reset()
         compiled = torch.compile(lambda a, b: npu_liger.swiglu(a, b) + 1, fullgraph=True, dynamic=False)
         got, code = run_and_get_code(compiled, a, b)

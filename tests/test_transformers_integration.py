@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from checklist import CountOps, DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error, use_inductor_launches
+from checklist import CountOps, DEVICE, FP32_RTOL, UNIT_ROUNDOFF, rel_error
 
 transformers = pytest.importorskip("transformers")
 import npu_liger.transformers as nlt  # noqa: E402
@@ -601,14 +601,14 @@ def test_gradient_checkpointing(family):
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs: CUDA only")
 @pytest.mark.parametrize("launches", ["auto", "0"], ids=["inductor_launches", "opaque"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma"])
-def test_cuda_graph_training_follows_eager(family, launches, monkeypatch):
+def test_cuda_graph_training_follows_eager(family, launches, set_inductor_launches):
     """Training under torch.compile(mode="reduce-overhead") takes the eager model's steps: a new batch every step
     and the optimizer's in-place updates, so a kernel that a replayed graph left out (its output kept from the
     recording) shows as a wrong loss or parameter. Rounds seventeen to nineteen of BENCHMARKS.md timed such steps:
     they ran below the kernels' own time and trained to NaN. Our ops launched from Inductor's code (the default
     under CUDA graphs) and opaque (NPU_LIGER_INDUCTOR_LAUNCHES=0) both."""
     _require_ops(FAMILIES[family][1])
-    use_inductor_launches(monkeypatch, launches)
+    set_inductor_launches(launches)
     model = nlt.apply_to_model(_build(family))
     reference = copy.deepcopy(model)
     torch._dynamo.reset()
