@@ -14,12 +14,12 @@ OUT=${OUT:-/tmp/round23}; mkdir -p "$OUT"
 if [ "$1" = check ]; then
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$OUT/device.txt"
     date -u | tee -a "$OUT/device.txt"
-    NPU_LIGER_TEST_DEVICE=cuda timeout 200 python -m pytest -q -n 8 -p no:cacheprovider \
+    NPU_LIGER_TEST_DEVICE=cuda timeout 170 python -m pytest -q -n 8 -p no:cacheprovider \
         tests/test_transformers_integration.py tests/test_inductor_launches.py > "$OUT/tests.txt" 2>&1
     echo "tests rc=$?"; grep -E "FAILED|Error|passed|failed" "$OUT/tests.txt" | tail -20
-    timeout 200 python benchmarks/results/round21/cudagraph_diag.py llama \
+    timeout 120 python benchmarks/results/round21/cudagraph_diag.py llama \
         npu_liger_compiled_cudagraphs 2>&1 | tee "$OUT/cudagraph_diag.txt"
-    (cd old18 && NPU_LIGER_INDUCTOR_LAUNCHES=1 PYTHONPATH=/tmp/site:$PWD timeout 120 python benchmarks/train_step.py --quick --families llama \
+    (cd old18 && NPU_LIGER_INDUCTOR_LAUNCHES=1 PYTHONPATH=/tmp/site:$PWD timeout 110 python benchmarks/train_step.py --quick --families llama \
         --variants npu_liger_compiled_cudagraphs --profile-steps 2 --timeout-s 110 --out /tmp/old18 \
         > "$OUT/old18_train.txt" 2>&1; echo "old18 rc=$?"; tail -4 "$OUT/old18_train.txt")
     python - <<'PY' | tee "$OUT/old18_summary.txt"
