@@ -20,7 +20,7 @@ if [ "$1" = check ]; then
     timeout 120 python benchmarks/results/round21/cudagraph_diag.py llama \
         npu_liger_compiled_cudagraphs 2>&1 | tee "$OUT/cudagraph_diag.txt"
     (cd old18 && NPU_LIGER_INDUCTOR_LAUNCHES=1 PYTHONPATH=/tmp/site:$PWD timeout 110 python benchmarks/train_step.py --quick --families llama \
-        --variants npu_liger_compiled_cudagraphs --profile-steps 2 --timeout-s 110 --out /tmp/old18 \
+        --variants npu_liger_compiled_cudagraphs --profile-steps 2 --timeout-s 100 --out /tmp/old18 \
         > "$OUT/old18_train.txt" 2>&1; echo "old18 rc=$?"; tail -4 "$OUT/old18_train.txt")
     python - <<'PY' | tee "$OUT/old18_summary.txt"
 import json
