@@ -283,21 +283,22 @@ def test_autograd_backward_trusts_the_forwards_index_check(index_dtype, monkeypa
     assert rel_error(weight.grad, w64.grad) <= FP32_RTOL
 
 
-def test_row_ids_are_views_of_one_kept_arange(monkeypatch):
-    """The backward's searchsorted probes: arange(n) as a view of one kept tensor per device and dtype, grown
-    when a longer one is asked for, and a fresh tensor while launches may be recorded."""
-    monkeypatch.setattr(embedding_kernels, "_ROW_IDS", {})
+@pytest.mark.skipif(DEVICE != "cuda" or not hasattr(torch.cuda, "use_mem_pool"), reason="CUDA memory pools")
+def test_kept_flag_is_allocated_outside_graph_pools(monkeypatch):
+    """The first call's flag, kept for every later call, never lives in a CUDA-graph pool: torch.compile's
+    CUDA-graph warm-up sends the calling thread's allocations to the graph's pool (as use_mem_pool does here),
+    whose memory the replays overwrite; torch refuses such a tensor ("not tracked as outputs")."""
+    monkeypatch.setattr(embedding_kernels, "_INDEX_FLAGS", {})
     device = torch.device(DEVICE)
-    first = embedding_kernels._row_ids(7, torch.int32, device)
-    assert torch.equal(first, torch.arange(7, dtype=torch.int32, device=device))
-    again = embedding_kernels._row_ids(5, torch.int32, device)
-    assert again.data_ptr() == first.data_ptr() and torch.equal(again, first[:5])
-    longer = embedding_kernels._row_ids(20, torch.int32, device)
-    assert torch.equal(longer, torch.arange(20, dtype=torch.int32, device=device))
-    assert embedding_kernels._row_ids(20, torch.int64, device).dtype == torch.int64
-    monkeypatch.setattr(embedding_kernels, "recording_launches", lambda device: True)
-    fresh = embedding_kernels._row_ids(5, torch.int32, device)
-    assert fresh.data_ptr() != longer.data_ptr() and torch.equal(fresh, longer[:5])
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        flag = embedding_kernels.index_check_flag(device)
+        inside = torch.ones((), dtype=torch.int32, device=device)  # what an allocation there gets
+    in_pool = {block["address"] for segment in pool.snapshot() for block in segment["blocks"]
+               if block["state"] == "active_allocated"}
+    assert inside.data_ptr() in in_pool, "the test's pool took nothing: it checks nothing"
+    assert flag.data_ptr() not in in_pool and int(flag) == 1
+    assert embedding_kernels.index_check_flag(device) is flag
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's index flag")

@@ -20,6 +20,8 @@ import inspect
 import os
 import threading
 
+from typing import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -273,6 +275,28 @@ def recording_launches(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_current_stream_capturing()
     return device.type != "cpu"
+
+
+def allocate_outside_graph_pools(make: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
+    """``make()`` for a tensor kept between calls. On CUDA it runs on a helper thread and waits for its kernels
+    there: a CUDA-graph capture and torch.compile's CUDA-graph warm-up both send this thread's allocations to the
+    graph's private pool, whose memory later replays overwrite (torch refuses such a tensor, "tensor(s) in the
+    cudagraph pool not tracked as outputs"). The caller must not be capturing (``recording_launches``)."""
+    if device.type != "cuda":
+        return make()
+    made = []
+
+    def run():
+        with torch.cuda.device(device):
+            made.append(make())
+            torch.cuda.current_stream().synchronize()  # filled before any stream of the caller reads it
+
+    helper = threading.Thread(target=run, name="npu_liger-allocate")
+    helper.start()
+    helper.join()
+    if not made:
+        raise RuntimeError(f"could not allocate a kept tensor on {device}")
+    return made[0]
 
 
 class LaunchedKernel:

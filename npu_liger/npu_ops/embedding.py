@@ -57,7 +57,8 @@ import triton.language as tl
 
 from ..tiling import TileRequest, memoised_plan, plan_launch
 from ._triton import (COMPUTE_DTYPE_SIZE, cdiv, check_float_tensor, flat, grid_stride, interpreter_enabled,
-                     launched_kernel, program_start, recording_launches, require_launchable)
+                     allocate_outside_graph_pools, launched_kernel, program_start, recording_launches,
+                     require_launchable)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -242,6 +243,8 @@ def check_embedding_backward_inputs(grad_out: torch.Tensor, indices: torch.Tenso
 # and the assert queued after them then leaves the process's CUDA context unusable (device-side asserts are
 # sticky), so no later call can read a cleared flag. A call being recorded (a CUDA-graph capture, a graph that
 # records our launches) gets a fresh flag: a tensor first allocated there would hold no 1 outside the recording.
+# The kept flag is allocated outside any CUDA-graph pool (a first call inside torch.compile's CUDA-graph warm-up
+# would otherwise put it in the graph's memory).
 _INDEX_FLAGS = {}  # CUDA device index -> its flag
 
 
@@ -254,22 +257,9 @@ def index_check_flag(device: torch.device):
         return torch.ones((), dtype=torch.int32, device=device)
     flag = _INDEX_FLAGS.get(device.index)
     if flag is None:
-        flag = _INDEX_FLAGS[device.index] = torch.ones((), dtype=torch.int32, device=device)
+        flag = _INDEX_FLAGS[device.index] = allocate_outside_graph_pools(
+            lambda: torch.ones((), dtype=torch.int32, device=device), device)
     return flag
-
-
-_ROW_IDS = {}  # (device, dtype) -> the longest arange(n) built so far on that device (see _row_ids)
-
-
-def _row_ids(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """arange(n): a view of one kept per device and dtype (one launch fewer per backward), except while
-    launches are recorded (as for the flag above)."""
-    if recording_launches(device):
-        return torch.arange(n, dtype=dtype, device=device)
-    ids = _ROW_IDS.get((device, dtype))
-    if ids is None or ids.numel() < n:
-        ids = _ROW_IDS[(device, dtype)] = torch.arange(n, dtype=dtype, device=device)
-    return ids[:n]
 
 
 def check_index_range(indices: torch.Tensor, num_embeddings: int, flag=None) -> None:
@@ -389,7 +379,8 @@ def _launch_backward(grad_out: torch.Tensor, indices: torch.Tensor, num_embeddin
         keys = _sort_keys(flat_indices, num_embeddings, in_range=indices_checked)
         sorted_rows, order = torch.sort(keys, stable=True)  # stable: a fixed summation order per row
         # row_bounds[v] = first sorted position holding a row >= v: row v's run is [row_bounds[v], row_bounds[v+1]).
-        row_bounds = torch.searchsorted(sorted_rows, _row_ids(num_embeddings + 1, sorted_rows.dtype, device))
+        row_ids = torch.arange(num_embeddings + 1, dtype=sorted_rows.dtype, device=device)
+        row_bounds = torch.searchsorted(sorted_rows, row_ids)
         plan = _backward_plan(device.type, dim)
         block_k, block_d = plan.tiles[0]
         n_col_blocks = cdiv(dim, block_d)
