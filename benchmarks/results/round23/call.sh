@@ -6,8 +6,8 @@
 #                                                    carried; today's train_step.py) timing its CUDA-graph step
 #                                                    with a kernel profile, our kernels launched by Inductor as
 #                                                    rounds seventeen and eighteen ran them
-#   bash benchmarks/results/round23/call.sh tests    after the flag fix: the CUDA tests of embedding, the
-#                                                    transformers integration and the Inductor launches
+#   bash benchmarks/results/round23/call.sh tests    after the flag fix: the CUDA tests of the embedding's flag
+#                                                    and of CUDA-graph training
 #   bash benchmarks/results/round23/call.sh train    round twenty's goal-run training steps
 #   bash benchmarks/results/round23/call.sh harness  the whole timing harness in two halves (round21/call.sh)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -35,8 +35,8 @@ PY
     cp /tmp/old18/train_step.json "$OUT/old18_train_step.json"
 elif [ "$1" = tests ]; then
     nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"; date -u | tee -a "$OUT/device.txt"
-    NPU_LIGER_TEST_DEVICE=cuda timeout 200 python -m pytest -q -n 8 -p no:cacheprovider tests/test_embedding.py \
-        tests/test_transformers_integration.py tests/test_inductor_launches.py > "$OUT/tests2.txt" 2>&1
+    NPU_LIGER_TEST_DEVICE=cuda timeout 130 python -m pytest -q -n 8 -p no:cacheprovider tests/test_embedding.py \
+        tests/test_transformers_integration.py -k "flag or pool or cuda_graph" > "$OUT/tests2.txt" 2>&1
     echo "tests rc=$?"; grep -E "FAILED|Error|passed|failed" "$OUT/tests2.txt" | tail -20
 elif [ "$1" = harness ]; then
     OUT="$OUT" bash benchmarks/results/round21/call.sh harness
