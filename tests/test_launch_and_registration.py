@@ -302,3 +302,20 @@ def test_interpreter_rounds_bf16_to_nearest_even_as_compiled_triton_does():
     _copy_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
     assert torch.equal(y.view(torch.int16)[~x.isnan()], x.bfloat16().view(torch.int16)[~x.isnan()])
     assert y[x.isnan()].isnan().all()
+
+
+def test_on_helper_thread_returns_or_raises_in_the_caller():
+    """allocate_outside_graph_pools' thread: the caller gets fn's result, or its exception, and fn ran elsewhere."""
+    import threading
+
+    from npu_liger.npu_ops._triton import on_helper_thread
+
+    caller = threading.get_ident()
+    assert on_helper_thread(threading.get_ident) != caller
+    assert on_helper_thread(lambda: 42) == 42
+
+    def fails():
+        raise ValueError("from the helper")
+
+    with pytest.raises(ValueError, match="from the helper"):
+        on_helper_thread(fails)

@@ -284,19 +284,32 @@ def allocate_outside_graph_pools(make: Callable[[], torch.Tensor], device: torch
     cudagraph pool not tracked as outputs"). The caller must not be capturing (``recording_launches``)."""
     if device.type != "cuda":
         return make()
-    made = []
+
+    def make_and_wait():
+        with torch.cuda.device(device):
+            made = make()
+            torch.cuda.current_stream().synchronize()  # filled before any stream of the caller reads it
+        return made
+
+    return on_helper_thread(make_and_wait)
+
+
+def on_helper_thread(fn: Callable):
+    """``fn()`` run to completion on a new thread: its result, or its exception raised here."""
+    outcome = {}
 
     def run():
-        with torch.cuda.device(device):
-            made.append(make())
-            torch.cuda.current_stream().synchronize()  # filled before any stream of the caller reads it
+        try:
+            outcome["result"] = fn()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = error
 
-    helper = threading.Thread(target=run, name="npu_liger-allocate")
+    helper = threading.Thread(target=run, name="npu_liger-helper")
     helper.start()
     helper.join()
-    if not made:
-        raise RuntimeError(f"could not allocate a kept tensor on {device}")
-    return made[0]
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 class LaunchedKernel:
