@@ -339,7 +339,6 @@ def assert_rounded_grad_close(got, ref64, ref_lp, rounding_size, what, floor):
     assert err <= tol, f"{what} ({got.dtype}): relative error {err:.3e} > tolerance {tol:.3e}"
 
 
-
 @contextlib.contextmanager
 def inductor_launches(setting: str):
     """What NPU_LIGER_INDUCTOR_LAUNCHES=``setting`` at import gives, inside the block: the setting and the compile

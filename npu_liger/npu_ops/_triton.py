@@ -19,7 +19,6 @@ import functools
 import inspect
 import os
 import threading
-
 from typing import Callable
 
 import torch

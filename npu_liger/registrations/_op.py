@@ -69,7 +69,7 @@ def define_op(schema: str, *, kernel: Callable, fake: Callable, trusted_kernel: 
 # When: by default only in graphs that Inductor compiles with CUDA graphs (``mode="reduce-overhead"``, or the
 # option ``triton.cudagraphs``), where the generated code and its kernels are all a replay holds. The training
 # step measures no speed difference either way: with CUDA graphs it is 1.01x our plain compiled step opaque
-# (round thirteen, an H200) and 1.00-1.01x with the launches (round twenty-one, an H100), the step being GPU-bound.
+# (round thirteen, an H200) and 0.98-1.01x with the launches (round twenty-one, an H100), the step being GPU-bound.
 # (Rounds seventeen to nineteen measured 1.13x, but those CUDA-graph steps trained to NaN and ran below their own
 # kernels' time: they were not whole steps; tests/test_transformers_integration.py's CUDA-graph training test
 # now compares such a step with eager.) In other graphs the ops stay opaque: the launches measured no gain there
