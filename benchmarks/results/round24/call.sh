@@ -6,7 +6,9 @@
 #                                                    half of ops
 #   bash benchmarks/results/round24/call.sh train    round twenty's goal-run training steps (round20/call.sh train)
 #   bash benchmarks/results/round24/call.sh second   the harness's second half of ops
-# Merge the halves with: python benchmarks/run.py --merge h_FIRST h_SECOND (see benchmarks/run.py --help).
+#   bash benchmarks/results/round24/call.sh rest     the first half's ops after fused_moe (in round twenty-four the
+#                                                    first half ran out of its 270 s inside fused_moe's row)
+# Merge the halves with: python benchmarks/run.py --merge h_FIRST h_REST h_SECOND --out DIR (see benchmarks/run.py --help).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round24}; mkdir -p "$OUT"
@@ -14,7 +16,8 @@ FIRST=geglu,swiglu,embedding,tvd,cross_entropy,fused_linear_cross_entropy,fused_
 rms_norm
 SECOND=fused_add_rms_norm,layer_norm,fused_linear_dpo,kl_div,jsd,fused_linear_jsd,grpo_loss,softmax,sparsemax,dyt,\
 poly_norm,group_norm
-harness_half() {  # $1: FIRST or SECOND
+REST=rope,qwen2vl_mrope,llama4_rope,rms_norm
+harness_half() {  # $1: FIRST, SECOND or REST
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee -a "$OUT/device.txt"
     timeout 270 python benchmarks/run.py --quick --rounds 3 --ops "${!1}" \
         --skip compile-count,dispatch,cudagraphs --out "/tmp/h_$1" > "$OUT/harness_$1.txt" 2>&1
@@ -24,6 +27,7 @@ harness_half() {  # $1: FIRST or SECOND
 case "$1" in
     first) OUT="$OUT" bash benchmarks/results/round23/call.sh tests; harness_half FIRST ;;
     second) harness_half SECOND ;;
+    rest) harness_half REST ;;
     train) OUT="$OUT" bash benchmarks/results/round20/call.sh train ;;
-    *) echo "usage: call.sh first|train|second" >&2; exit 2 ;;
+    *) echo "usage: call.sh first|train|second|rest" >&2; exit 2 ;;
 esac
