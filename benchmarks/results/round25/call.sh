@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Round twenty-five's GPU calls, from the repository root (liger-kernel 0.8.5 wheel in .whl/); logs into $OUT.
+# Three calls, each one 600 s command, in this order on one warm machine:
+#   bash benchmarks/results/round25/call.sh train    round twenty's goal-run training steps (round20/call.sh train)
+#   bash benchmarks/results/round25/call.sh harness  the CUDA tests of round twenty-four (embedding flag, CUDA-graph
+#                                                    training), then the whole harness but fused_moe in one run
+#                                                    (no merge of halves)
+#   bash benchmarks/results/round25/call.sh probe    the fused_moe row alone, then round eighteen's rotary host
+#                                                    probe (for qwen2vl_mrope's 0.57x forward+backward of round
+#                                                    twenty-four)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
+OUT=${OUT:-/tmp/round25}; mkdir -p "$OUT"
+ALL_BUT_MOE=geglu,swiglu,embedding,tvd,cross_entropy,fused_linear_cross_entropy,rope,qwen2vl_mrope,llama4_rope,\
+rms_norm,fused_add_rms_norm,layer_norm,fused_linear_dpo,kl_div,jsd,fused_linear_jsd,grpo_loss,softmax,sparsemax,\
+dyt,poly_norm,group_norm
+harness() {  # $1: ops; $2: seconds; $3: name of the output folder and log
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee -a "$OUT/device.txt"
+    date -u | tee -a "$OUT/device.txt"
+    timeout "$2" python benchmarks/run.py --quick --rounds 3 --ops "$1" \
+        --skip compile-count,dispatch,cudagraphs --out "/tmp/$3" > "$OUT/$3.txt" 2>&1
+    echo "$3 rc=$?"; grep -E "done at" "$OUT/$3.txt" | tail -30
+    tar czf "$OUT/$3.tgz" -C /tmp "$3"
+}
+case "$1" in
+    train) OUT="$OUT" bash benchmarks/results/round20/call.sh train ;;
+    harness)
+        OUT="$OUT" bash benchmarks/results/round23/call.sh tests
+        harness "$ALL_BUT_MOE" 450 harness ;;
+    probe)
+        harness fused_moe 330 harness_moe
+        timeout 200 python benchmarks/results/round18/rotary_floor.py 2>&1 | grep -v Warning | tee "$OUT/rotary_floor.txt" ;;
+    *) echo "usage: call.sh train|harness|probe" >&2; exit 2 ;;
+esac
