@@ -188,14 +188,29 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torc
     this only launches.
     """
     bsz, seq_len, n_q_heads, n_kv_heads, head_dim = dims
-    n_rows = bsz * seq_len
-    if n_rows == 0 or head_dim == 0 or n_q_heads + n_kv_heads == 0:
+    if bsz * seq_len == 0 or head_dim == 0 or n_q_heads + n_kv_heads == 0:
         return
     if not q.is_cuda:
         require_launchable(q.device)
-    block_qh, block_kh, block_half, plan, options = _launch_config(q.device.type, n_q_heads, n_kv_heads, head_dim,
+    plane_masks = mrope and q.device.type in PLANE_MASK_BACKENDS
+    grid, int_args, constexprs = _launch_arguments(q.device.type, dims, q_strides, k_strides, table_strides, half,
+                                                   sections, q.element_size(), cos.element_size(), interleaved,
+                                                   mrope, plane_masks, backward)
+    kernel = _rotary_bwd_kernel if backward else _rotary_fwd_kernel
+    kernel[grid](q, k, cos, sin, q_out, k_out, *int_args, **constexprs)
+
+
+@memoised_plan
+def _launch_arguments(device_type: str, dims, q_strides, k_strides, table_strides, half: int, sections,
+                      q_element_size: int, table_element_size: int, interleaved: bool, mrope: bool,
+                      plane_masks: bool, backward: bool):
+    """(grid, the kernel's int arguments after its six tensors, its constexprs and launch options) of a
+    ``rotate_qk`` call: a function of the call's sizes, strides and element sizes only, so memoised on them
+    (``memoised_plan``: the gcds, vector widths and plan lookup are ~7 µs of host time per launch on a CI-class
+    CPU, and the rotary ops' forward+backward is host-bound at training sizes)."""
+    bsz, seq_len, n_q_heads, n_kv_heads, head_dim = dims
+    block_qh, block_kh, block_half, plan, options = _launch_config(device_type, n_q_heads, n_kv_heads, head_dim,
                                                                    backward, interleaved)
-    plane_masks = q.device.type in PLANE_MASK_BACKENDS
     q_sb, q_ss, q_sh = q_strides
     k_sb, k_ss, k_sh = k_strides
     t_sp, t_sb, t_ss = table_strides
@@ -204,17 +219,16 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor, k_out: torc
     if seq_len == 1:
         q_ss = k_ss = t_ss = 0
     sec1, sec2 = sections
-    vec = _vec(VECTOR_BYTES // q.element_size(), math.gcd(q_sb, q_ss, q_sh, k_sb, k_ss, k_sh))
-    tvec = _vec(VECTOR_BYTES // cos.element_size(), math.gcd(t_sp, t_sb, t_ss, sec1, sec2))
-    kernel = _rotary_bwd_kernel if backward else _rotary_fwd_kernel
-    kernel[(plan.grid(n_rows),)](
-        q, k, cos, sin, q_out, k_out,
-        n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
-        q_sb // vec, q_ss // vec, q_sh // vec, k_sb // vec, k_ss // vec, k_sh // vec,
-        t_sp // tvec, t_sb // tvec, t_ss // tvec, sec1 // tvec, sec2 // tvec,
-        BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, VEC=vec, TVEC=tvec, INTERLEAVED=interleaved,
-        MROPE=mrope, PLANE_MASKS=mrope and plane_masks, **options,
-    )
+    vec = _vec(VECTOR_BYTES // q_element_size, math.gcd(q_sb, q_ss, q_sh, k_sb, k_ss, k_sh))
+    tvec = _vec(VECTOR_BYTES // table_element_size, math.gcd(t_sp, t_sb, t_ss, sec1, sec2))
+    n_rows = bsz * seq_len
+    int_args = (n_rows, seq_len, n_q_heads, n_kv_heads, head_dim, half,
+                q_sb // vec, q_ss // vec, q_sh // vec, k_sb // vec, k_ss // vec, k_sh // vec,
+                t_sp // tvec, t_sb // tvec, t_ss // tvec, sec1 // tvec, sec2 // tvec)
+    constexprs = dict(BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, VEC=vec, TVEC=tvec,
+                      INTERLEAVED=interleaved, MROPE=mrope,
+                      PLANE_MASKS=plane_masks, **options)
+    return (plan.grid(n_rows),), int_args, constexprs
 
 
 def head_tiles(device_type: str, n_q_heads: int, n_kv_heads: int, head_dim: int,
