@@ -5,9 +5,10 @@
 #   bash benchmarks/results/round25/call.sh harness  the CUDA tests of round twenty-four (embedding flag, CUDA-graph
 #                                                    training), then the whole harness but fused_moe in one run
 #                                                    (no merge of halves)
-#   bash benchmarks/results/round25/call.sh probe    the fused_moe row alone, then round eighteen's rotary host
-#                                                    probe (for qwen2vl_mrope's 0.57x forward+backward of round
-#                                                    twenty-four)
+#   bash benchmarks/results/round25/call.sh probe    host µs per call on the GPU host for the rows behind a peer
+#                                                    (ours, eager, Liger), round eighteen's rotary host probe (for
+#                                                    qwen2vl_mrope's 0.57x forward+backward of round twenty-four),
+#                                                    then the fused_moe row alone (last: it may run out of time)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round25}; mkdir -p "$OUT"
@@ -28,7 +29,9 @@ case "$1" in
         OUT="$OUT" bash benchmarks/results/round23/call.sh tests
         harness "$ALL_BUT_MOE" 450 harness ;;
     probe)
-        harness fused_moe 330 harness_moe
-        timeout 200 python benchmarks/results/round18/rotary_floor.py 2>&1 | grep -v Warning | tee "$OUT/rotary_floor.txt" ;;
+        timeout 80 python -m benchmarks.host_overhead --ops embedding,rope,qwen2vl_mrope,llama4_rope,layer_norm,\
+softmax,dyt,poly_norm --iters 200 --repeats 3 --out "$OUT/host.json" 2>&1 | grep -v Warning | tail -12 | tee "$OUT/host.txt"
+        timeout 180 python benchmarks/results/round18/rotary_floor.py 2>&1 | grep -v Warning | tee "$OUT/rotary_floor.txt"
+        harness fused_moe 320 harness_moe ;;
     *) echo "usage: call.sh train|harness|probe" >&2; exit 2 ;;
 esac
