@@ -62,6 +62,9 @@ def parse_args(argv=None):
                         "every variant once, in turn; a row reports the median of its rounds")
     p.add_argument("--copy-mib", type=int, default=None, help="copy-bandwidth buffer (MiB; default 1024 on "
                    "cuda, 16 on cpu)")
+    p.add_argument("--loss-grad", type=float, default=1.0,
+                   help="the incoming gradient of every scalar loss's row (default 1, loss.backward(); e.g. 0.25 for "
+                        "a loss divided by 4 gradient-accumulation steps)")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="combine results.json of these folders into the output")
     args = p.parse_args(argv)
     if args.smoke:
@@ -214,6 +217,7 @@ def start(args, argv) -> Optional[Session]:
         "eager_sources": eager_sources,
     }
     meta["commands"] = [meta["command"]]
+    specs.LOSS_GRAD = meta["loss_grad"] = args.loss_grad
     session = Session(args, [n for n in specs.op_names() if n in names], timer,
                       use_compile=not (cpu or args.no_compile),
                       use_liger=not (cpu or args.no_liger) and liger.available(), meta=meta)

@@ -59,6 +59,10 @@ SWEEP_TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
 # 16 sequence lengths for the compile-count check: odd, prime, powers of two and not, small and large.
 COMPILE_SEQ_LENS = (3, 17, 64, 100, 128, 255, 256, 333, 512, 777, 1000, 1024, 1500, 2048, 3001, 4096)
 ROPE_THETA = 10000.0
+# The incoming gradient of every scalar loss's row (run.py --loss-grad). 1 is ``loss.backward()``; anything else is
+# a scaled loss (``loss / gradient_accumulation_steps``, fp16 loss scaling), where a loss that computes its
+# gradient in the forward pays one more pass over it to scale it (ours, Liger's cross-entropy losses).
+LOSS_GRAD = 1.0
 
 
 @dataclass
@@ -183,6 +187,11 @@ def _randn(shape, dtype, device, gen, requires_grad=False, scale=1.0):
         t.mul_(scale)
     t = t.to(dtype)
     return t.requires_grad_(requires_grad)
+
+
+def _loss_grad(dtype, device) -> torch.Tensor:
+    """The incoming gradient of a scalar loss: ``LOSS_GRAD``."""
+    return torch.full((), LOSS_GRAD, dtype=dtype, device=device)
 
 
 # --- geglu / swiglu ------------------------------------------------------------------------------------------
@@ -311,7 +320,7 @@ def _make_tvd(p, dtype, device, gen):
     prob_p = torch.softmax(_randn(shape, torch.float32, device, gen), dim=-1).to(dtype).requires_grad_(True)
     # q is the teacher (distillation, TVD's use): no gradient, as Liger-Kernel's TVD gives it none.
     prob_q = torch.softmax(_randn(shape, torch.float32, device, gen), dim=-1).to(dtype)
-    return Inputs((prob_p, prob_q), (prob_p,), (torch.ones((), dtype=dtype, device=device),))
+    return Inputs((prob_p, prob_q), (prob_p,), (_loss_grad(dtype, device),))
 
 
 # --- norms --------------------------------------------------------------------------------------------------
@@ -442,14 +451,14 @@ def _targets(p, device, gen):
 
 def _make_ce(p, dtype, device, gen):
     logits = _randn((p["BT"], p["V"]), dtype, device, gen, True, scale=2.0)
-    return Inputs((logits, _targets(p, device, gen)), (logits,), (torch.ones((), dtype=torch.float32, device=device),))
+    return Inputs((logits, _targets(p, device, gen)), (logits,), (_loss_grad(torch.float32, device),))
 
 
 def _make_flce(p, dtype, device, gen):
     x = _randn((p["BT"], p["H"]), dtype, device, gen, True)
     weight = _randn((p["V"], p["H"]), dtype, device, gen, True, scale=p["H"] ** -0.5)
     return Inputs((x, weight, _targets(p, device, gen)), (x, weight),
-                  (torch.ones((), dtype=torch.float32, device=device),))
+                  (_loss_grad(torch.float32, device),))
 
 
 # --- kl_div / jsd / fused_linear_jsd / grpo_loss ----------------------------------------------------------------
@@ -458,14 +467,14 @@ def _make_kl_div(p, dtype, device, gen):
     shape = (p["BT"], p["V"])
     y_pred = torch.log_softmax(_randn(shape, torch.float32, device, gen), -1).to(dtype).requires_grad_(True)
     y_true = torch.softmax(_randn(shape, torch.float32, device, gen), -1).to(dtype)
-    return Inputs((y_pred, y_true), (y_pred,), (torch.ones((), dtype=dtype, device=device),))
+    return Inputs((y_pred, y_true), (y_pred,), (_loss_grad(dtype, device),))
 
 
 def _make_jsd(p, dtype, device, gen):
     shape = (p["BT"], p["V"])
     log_q = torch.log_softmax(_randn(shape, torch.float32, device, gen), -1).to(dtype).requires_grad_(True)
     log_p = torch.log_softmax(_randn(shape, torch.float32, device, gen), -1).to(dtype)
-    return Inputs((log_q, log_p), (log_q,), (torch.ones((), dtype=torch.float32, device=device),))
+    return Inputs((log_q, log_p), (log_q,), (_loss_grad(torch.float32, device),))
 
 
 def _make_fused_linear_jsd(p, dtype, device, gen):
@@ -474,7 +483,7 @@ def _make_fused_linear_jsd(p, dtype, device, gen):
     teacher_x = _randn((p["BT"], p["H"]), dtype, device, gen)
     teacher_weight = _randn((p["V"], p["H"]), dtype, device, gen, scale=p["H"] ** -0.5)
     return Inputs((x, weight, teacher_x, teacher_weight), (x, weight),
-                  (torch.ones((), dtype=torch.float32, device=device),))
+                  (_loss_grad(torch.float32, device),))
 
 
 def _make_grpo(p, dtype, device, gen):
@@ -489,7 +498,7 @@ def _make_grpo(p, dtype, device, gen):
     old = logp + 0.1 * _randn(logp.shape, torch.float32, device, gen)
     ref = logp + 0.1 * _randn(logp.shape, torch.float32, device, gen)
     return Inputs((logits, ids, advantages, mask, old, ref), (logits,),
-                  (torch.ones((), dtype=torch.float32, device=device),))
+                  (_loss_grad(torch.float32, device),))
 
 
 def _make_fused_linear_dpo(p, dtype, device, gen):
@@ -501,7 +510,7 @@ def _make_fused_linear_dpo(p, dtype, device, gen):
     ref_x = _randn((n_seq, seq_len, hidden), dtype, device, gen)
     ref_weight = _randn((vocab, hidden), dtype, device, gen, scale=hidden ** -0.5)
     return Inputs((x, weight, target, ref_x, ref_weight), (x, weight),
-                  (torch.ones((), dtype=torch.float32, device=device),))
+                  (_loss_grad(torch.float32, device),))
 
 
 def _distill_specs() -> Dict[str, "OpSpec"]:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "benchmarks" / "run.py"
@@ -131,3 +132,22 @@ def test_memory_peak_replay_finds_the_allocations_alive_at_the_peak():
     assert peak == 100 + 50 + 30 - 7
     assert sorted(a["addr"] for a in alive) == [1, 2, 3]
     assert by_site(alive) == [("npu_liger/npu_ops/a.py:10 f", 130, 2), ("transformers/models/b.py:20 f", 50, 1)]
+
+
+def test_loss_grad_reaches_every_scalar_loss_row(monkeypatch):
+    """``run.py --loss-grad G``: every row whose output is a scalar loss gets G as its incoming gradient (a scaled
+    loss), so the harness can time the losses that scale a kept gradient in the backward."""
+    monkeypatch.syspath_prepend(str(REPO))
+    from benchmarks import run, specs
+
+    assert run.parse_args(["--loss-grad", "0.25"]).loss_grad == 0.25
+    monkeypatch.setattr(specs, "LOSS_GRAD", 0.25)
+    scalar_losses = []
+    for name, spec in specs.SPECS.items():
+        case = spec.cases("tiny")[0]
+        inputs = spec.make(case.params, case.dtype, "cpu", torch.Generator().manual_seed(0))
+        grads = [g for g in inputs.grads_out if g is not None and g.dim() == 0]
+        if grads:
+            scalar_losses.append(name)
+            assert all(g.item() == 0.25 for g in grads), name
+    assert {"cross_entropy", "fused_linear_cross_entropy", "grpo_loss", "kl_div", "tvd"} <= set(scalar_losses)

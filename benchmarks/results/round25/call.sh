@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Round twenty-five's GPU calls, from the repository root (liger-kernel 0.8.5 wheel in .whl/); logs into $OUT.
-# Three calls, each one 600 s command, in this order on one warm machine:
+# Three calls (a fourth if time is left), each one 600 s command, in this order on one warm machine:
 #   bash benchmarks/results/round25/call.sh train    round twenty's goal-run training steps (round20/call.sh train)
 #   bash benchmarks/results/round25/call.sh harness  the CUDA tests of round twenty-four (embedding flag, CUDA-graph
 #                                                    training), then the whole harness but fused_moe in one run
@@ -9,6 +9,9 @@
 #                                                    (ours, eager, Liger), round eighteen's rotary host probe (for
 #                                                    qwen2vl_mrope's 0.57x forward+backward of round twenty-four),
 #                                                    then the fused_moe row alone (last: it may run out of time)
+#   bash benchmarks/results/round25/call.sh lossgrad if device time is left: the loss rows whose gradient comes out
+#                                                    of the forward, with an incoming gradient of 0.25 (a loss over
+#                                                    4 gradient-accumulation steps): the scaling pass's cost
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round25}; mkdir -p "$OUT"
@@ -33,5 +36,9 @@ case "$1" in
 softmax,dyt,poly_norm --iters 200 --repeats 3 --out "$OUT/host.json" 2>&1 | grep -v Warning | tail -12 | tee "$OUT/host.txt"
         timeout 180 python benchmarks/results/round18/rotary_floor.py 2>&1 | grep -v Warning | tee "$OUT/rotary_floor.txt"
         harness fused_moe 320 harness_moe ;;
-    *) echo "usage: call.sh train|harness|probe" >&2; exit 2 ;;
+    lossgrad)
+        timeout 200 python benchmarks/run.py --quick --rounds 3 --ops cross_entropy,fused_linear_cross_entropy,\
+grpo_loss,kl_div,tvd --loss-grad 0.25 --skip compile-count,dispatch,cudagraphs --out /tmp/harness_lossgrad \
+            > "$OUT/harness_lossgrad.txt" 2>&1; echo "rc=$?"; tar czf "$OUT/harness_lossgrad.tgz" -C /tmp harness_lossgrad ;;
+    *) echo "usage: call.sh train|harness|probe|lossgrad" >&2; exit 2 ;;
 esac
