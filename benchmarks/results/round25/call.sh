@@ -9,9 +9,9 @@
 #                                                    (ours, eager, Liger), round eighteen's rotary host probe (for
 #                                                    qwen2vl_mrope's 0.57x forward+backward of round twenty-four),
 #                                                    then the fused_moe row alone (last: it may run out of time)
-#   bash benchmarks/results/round25/call.sh lossgrad if device time is left: the loss rows whose gradient comes out
-#                                                    of the forward, with an incoming gradient of 0.25 (a loss over
-#                                                    4 gradient-accumulation steps): the scaling pass's cost
+#   bash benchmarks/results/round25/call.sh lossgrad if device time is left: three loss rows whose gradient comes
+#                                                    out of the forward, with an incoming gradient of 0.25 (a loss
+#                                                    over 4 gradient-accumulation steps): the scaling pass's cost
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit
 OUT=${OUT:-/tmp/round25}; mkdir -p "$OUT"
@@ -38,7 +38,7 @@ softmax,dyt,poly_norm --iters 200 --repeats 3 --out "$OUT/host.json" 2>&1 | grep
         harness fused_moe 320 harness_moe ;;
     lossgrad)
         timeout 200 python benchmarks/run.py --quick --rounds 3 --ops cross_entropy,fused_linear_cross_entropy,\
-grpo_loss,kl_div,tvd --loss-grad 0.25 --skip compile-count,dispatch,cudagraphs --out /tmp/harness_lossgrad \
+grpo_loss --loss-grad 0.25 --skip compile-count,dispatch,cudagraphs --out /tmp/harness_lossgrad \
             > "$OUT/harness_lossgrad.txt" 2>&1; echo "rc=$?"; tar czf "$OUT/harness_lossgrad.tgz" -C /tmp harness_lossgrad ;;
     *) echo "usage: call.sh train|harness|probe|lossgrad" >&2; exit 2 ;;
 esac
