@@ -6,9 +6,10 @@
 #                                                    training), then the whole harness but fused_moe in one run
 #                                                    (no merge of halves)
 #   bash benchmarks/results/round25/call.sh probe    host µs per call on the GPU host for the rows behind a peer
-#                                                    (ours, eager, Liger), round eighteen's rotary host probe (for
-#                                                    qwen2vl_mrope's 0.57x forward+backward of round twenty-four),
-#                                                    then the fused_moe row alone (last: it may run out of time)
+#                                                    (ours, eager, Liger), the timeline probe (host time, kernel
+#                                                    time and the device's idle gaps per forward+backward, ours and
+#                                                    Liger's: what holds qwen2vl_mrope at 0.57x), then the fused_moe
+#                                                    row alone (last: it may run out of time)
 #   bash benchmarks/results/round25/call.sh lossgrad if device time is left: three loss rows whose gradient comes
 #                                                    out of the forward, with an incoming gradient of 0.25 (a loss
 #                                                    over 4 gradient-accumulation steps): the scaling pass's cost
@@ -34,7 +35,8 @@ case "$1" in
     probe)
         timeout 80 python -m benchmarks.host_overhead --ops embedding,rope,qwen2vl_mrope,llama4_rope,layer_norm,\
 softmax,dyt,poly_norm --iters 200 --repeats 3 --out "$OUT/host.json" 2>&1 | grep -v Warning | tail -12 | tee "$OUT/host.txt"
-        timeout 180 python benchmarks/results/round18/rotary_floor.py 2>&1 | grep -v Warning | tee "$OUT/rotary_floor.txt"
+        timeout 150 python benchmarks/results/round25/timeline_probe.py embedding,rope,qwen2vl_mrope,layer_norm,\
+softmax,poly_norm 2>&1 | grep -v Warning | tee "$OUT/timeline.txt"
         harness fused_moe 320 harness_moe ;;
     lossgrad)
         timeout 200 python benchmarks/run.py --quick --rounds 3 --ops cross_entropy,fused_linear_cross_entropy,\
