@@ -26,16 +26,27 @@ from benchmarks.specs import SPECS
 CALLS = 20
 
 
+def _kineto_events(prof):
+    """(device type, start µs, end µs, name) of every event Kineto recorded (what torch.profiler's own queue-depth
+    analysis reads, ``torch/profiler/_utils.py``)."""
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        name = e.name() if callable(e.name) else e.name
+        start = e.start_ns() / 1e3
+        out.append((e.device_type(), start, start + e.duration_ns() / 1e3, str(name)))
+    return out
+
+
 def device_intervals(prof):
     """Sorted (start, end, name) of the device activity (kernels, memsets, copies), in µs."""
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sorted((e.time_range.start, e.time_range.end, e.name) for e in events)
+    return sorted((start, end, name) for kind, start, end, name in _kineto_events(prof)
+                  if kind == torch.autograd.DeviceType.CUDA)
 
 
 def host_ops(prof):
-    """Sorted (start, name) of the top-level host events (the ops and launches the profiler records)."""
-    return sorted((e.time_range.start, e.name) for e in prof.events()
-                  if e.device_type == torch.autograd.DeviceType.CPU and e.cpu_parent is None)
+    """Sorted (start, name) of the host events (ops, runtime calls such as launches), in µs."""
+    return sorted((start, name) for kind, start, _, name in _kineto_events(prof)
+                  if kind == torch.autograd.DeviceType.CPU)
 
 
 def host_us_per_call(fn, inp, device: str) -> float:
