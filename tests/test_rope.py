@@ -128,6 +128,15 @@ def test_per_batch_positions_are_honoured():
     assert_close(q_out, reference(q.double(), k.double(), cos.double(), sin.double())[0])
 
 
+def test_layouts_of_one_shape_each_get_their_own_launch():
+    """The launch arguments are memoised on sizes and strides (``_rotary._launch_arguments``): q/k of one shape in
+    every layout, one call after another, each match transformers (a memo keyed on the shape alone would reuse the
+    first layout's strides)."""
+    cos, sin = rope_table(2, 5, 16, torch.float32, "batch", "table")
+    for layout in Q_LAYOUTS + Q_LAYOUTS[::-1]:
+        check_forward_backward(*make_qk(2, 5, 4, 2, 16, torch.float32, layout), cos, sin)
+
+
 def test_head_tiling_loop_iterates(small_ub):
     """A 4 KiB UB fits 2 heads of head_dim 64 per tile: 32 q heads take 16 iterations, 8 kv heads 4."""
     small_ub(4096)
