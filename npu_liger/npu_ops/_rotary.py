@@ -226,8 +226,7 @@ def _launch_arguments(device_type: str, dims, q_strides, k_strides, table_stride
                 q_sb // vec, q_ss // vec, q_sh // vec, k_sb // vec, k_ss // vec, k_sh // vec,
                 t_sp // tvec, t_sb // tvec, t_ss // tvec, sec1 // tvec, sec2 // tvec)
     constexprs = dict(BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, VEC=vec, TVEC=tvec,
-                      INTERLEAVED=interleaved, MROPE=mrope,
-                      PLANE_MASKS=plane_masks, **options)
+                      INTERLEAVED=interleaved, MROPE=mrope, PLANE_MASKS=plane_masks, **options)
     return (plan.grid(n_rows),), int_args, constexprs
 
 
